@@ -1,0 +1,74 @@
+"""Map logical parameter axes (`embed`, `heads`, `experts`, ...) to mesh axes and shard model state.
+
+A rule table maps each logical name to a mesh axis (or a tuple of them, or None = replicated). A dimension whose
+size the mesh axis does not divide is replicated instead (stated in the returned spec, never silently wrong).
+Parameters of scanned blocks carry a leading `layers` axis that is not in their metadata; it is added here.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import jax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+DEFAULT_RULES: Mapping[str, str | tuple[str, ...] | None] = {
+    "vocab": "tensor",
+    "embed": "fsdp",
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "head_dim": None,
+    "linear_key_heads": "tensor",
+    "linear_value_heads": "tensor",
+    "linear_head_dim": None,
+    "conv": None,
+    "mlp": "tensor",
+    "experts": "expert",
+    "expert_mlp": "tensor",
+    "experts_router": None,
+    "norm": None,
+    "layers": None,
+}
+
+
+def logical_partition_spec(logical_axes, shape, mesh: Mesh, rules=DEFAULT_RULES) -> PartitionSpec:
+    """PartitionSpec for an array of `shape` whose dims are named `logical_axes`."""
+    used, spec = set(), []
+    for name, size in zip(logical_axes, shape):
+        target = rules.get(name) if name is not None else None
+        axes = (target,) if isinstance(target, str) else tuple(target or ())
+        axes = tuple(a for a in axes if a in mesh.shape and mesh.shape[a] > 1 and a not in used)
+        total = 1
+        for a in axes:
+            total *= mesh.shape[a]
+        if not axes or size % total:
+            spec.append(None)
+            continue
+        used.update(axes)
+        spec.append(axes[0] if len(axes) == 1 else axes)
+    return PartitionSpec(*spec)
+
+
+def _variable_axes(path, variable) -> tuple:
+    axes = tuple(variable.get_metadata().get("logical_axes", (None,) * variable.ndim))
+    if "blocks" in path and len(axes) == variable.ndim - 1:
+        axes = ("layers",) + axes
+    return axes
+
+
+def param_shardings(state: nnx.State, mesh: Mesh, rules=DEFAULT_RULES):
+    """A NamedSharding for every variable of `state` (same tree structure)."""
+    def one(path, variable):
+        return NamedSharding(mesh, logical_partition_spec(_variable_axes(path, variable), variable.shape, mesh, rules))
+    return nnx.map_state(one, state)
+
+
+def shard_params(module: nnx.Module, mesh: Mesh, rules=DEFAULT_RULES) -> nnx.Module:
+    """Place every parameter of `module` on `mesh` by its logical axes (in place); returns the module."""
+    graphdef, state = nnx.split(module)
+    flat = nnx.to_flat_state(state)
+    for path, variable in flat:
+        spec = logical_partition_spec(_variable_axes(path, variable), variable.shape, mesh, rules)
+        variable.set_value(jax.device_put(variable.get_value(), NamedSharding(mesh, spec)))
+    nnx.update(module, nnx.from_flat_state(flat))
+    return module

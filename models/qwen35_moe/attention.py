@@ -1,0 +1,91 @@
+"""Gated full attention of Qwen3.5: GQA with q/k norm, partial RoPE and a sigmoid output gate.
+
+q_proj emits per head [query(D) | gate(D)]; query and key get the zero-centred RMSNorm over D, then RoPE on the
+first `rotary_dim` dims. Query head h reads KV head h // (Nq / Nkv).
+    o = softmax(q k^T * D^-0.5 + mask) v;   out = (o * sigmoid(gate)) @ o_proj
+The mask is causal, and with `segment_ids` also block-diagonal (packed documents never see each other).
+With a cache, new keys/values are written at each row's next positions and queries attend to the whole cache.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models.qwen35_moe.config import Qwen35MoeConfig
+from models.qwen35_moe.norms import RMSNorm
+from models.qwen35_moe.params import cast, make_param, normal_init
+from models.qwen35_moe.rope import apply_rope, rope_cos_sin
+
+_MASKED = -1e30
+
+
+class Attention(nnx.Module):
+    def __init__(self, config: Qwen35MoeConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        H, Nq, Nkv, D = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        init, pdt = normal_init(config.initializer_range), config.weight_dtype
+        self.q_proj = make_param(rngs, init, (H, Nq, 2 * D), ("embed", "heads", "head_dim"), pdt)
+        self.k_proj = make_param(rngs, init, (H, Nkv, D), ("embed", "kv_heads", "head_dim"), pdt)
+        self.v_proj = make_param(rngs, init, (H, Nkv, D), ("embed", "kv_heads", "head_dim"), pdt)
+        self.o_proj = make_param(rngs, init, (Nq, D, H), ("heads", "head_dim", "embed"), pdt)
+        self.q_norm = RMSNorm(D, eps=config.rms_norm_eps, param_dtype=pdt, rngs=rngs)
+        self.k_norm = RMSNorm(D, eps=config.rms_norm_eps, param_dtype=pdt, rngs=rngs)
+
+    def __call__(self, x_BxTxH: jax.Array, *, positions_BxT: jax.Array, segment_ids_BxT: jax.Array | None = None,
+                 cache: dict | None = None, cache_start_B: jax.Array | None = None,
+                 valid_BxT: jax.Array | None = None) -> tuple[jax.Array, dict | None]:
+        cfg = self.config
+        dt = x_BxTxH.dtype
+        D = cfg.head_dim
+        B, T, _ = x_BxTxH.shape
+        q_BxTxNx2D = jnp.einsum("bth,hnd->btnd", x_BxTxH, cast(self.q_proj, dt))
+        query_BxTxNxD, gate_BxTxNxD = q_BxTxNx2D[..., :D], q_BxTxNx2D[..., D:]
+        key_BxTxKxD = jnp.einsum("bth,hkd->btkd", x_BxTxH, cast(self.k_proj, dt))
+        value_BxTxKxD = jnp.einsum("bth,hkd->btkd", x_BxTxH, cast(self.v_proj, dt))
+        query_BxTxNxD = self.q_norm(query_BxTxNxD)
+        key_BxTxKxD = self.k_norm(key_BxTxKxD)
+        cos, sin = rope_cos_sin(positions_BxT, rotary_dim=cfg.rotary_dim, theta=cfg.rope_theta, dtype=dt)
+        query_BxTxNxD = apply_rope(query_BxTxNxD, cos, sin)
+        key_BxTxKxD = apply_rope(key_BxTxKxD, cos, sin)
+
+        if cache is None:
+            keys_BxSxKxD, values_BxSxKxD = key_BxTxKxD, value_BxTxKxD
+            q_index_BxT = jnp.broadcast_to(jnp.arange(T), (B, T))
+            visible_BxTxS = q_index_BxT[:, :, None] >= q_index_BxT[:, None, :]
+            if segment_ids_BxT is not None:
+                visible_BxTxS &= segment_ids_BxT[:, :, None] == segment_ids_BxT[:, None, :]
+            new_cache = None
+        else:
+            S = cache["k"].shape[1]
+            write_index_BxT = cache_start_B[:, None] + jnp.arange(T)[None, :]
+            if valid_BxT is not None:
+                write_index_BxT = jnp.where(valid_BxT, write_index_BxT, S)  # out of range: dropped below
+            rows_BxT = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
+            keys_BxSxKxD = cache["k"].at[rows_BxT, write_index_BxT].set(key_BxTxKxD.astype(cache["k"].dtype),
+                                                                        mode="drop")
+            values_BxSxKxD = cache["v"].at[rows_BxT, write_index_BxT].set(value_BxTxKxD.astype(cache["v"].dtype),
+                                                                          mode="drop")
+            new_cache = {"k": keys_BxSxKxD, "v": values_BxSxKxD}
+            q_index_BxT = cache_start_B[:, None] + jnp.arange(T)[None, :]
+            visible_BxTxS = jnp.arange(S)[None, None, :] <= q_index_BxT[:, :, None]
+            keys_BxSxKxD, values_BxSxKxD = keys_BxSxKxD.astype(dt), values_BxSxKxD.astype(dt)
+
+        out_BxTxNxD = grouped_attention(query_BxTxNxD, keys_BxSxKxD, values_BxSxKxD, visible_BxTxS)
+        out_BxTxNxD = out_BxTxNxD * jax.nn.sigmoid(gate_BxTxNxD)
+        return jnp.einsum("btnd,ndh->bth", out_BxTxNxD, cast(self.o_proj, dt)), new_cache
+
+
+def grouped_attention(query_BxTxNxD: jax.Array, keys_BxSxKxD: jax.Array, values_BxSxKxD: jax.Array,
+                      visible_BxTxS: jax.Array) -> jax.Array:
+    """softmax(q k^T / sqrt(D) where visible) v with query head h on KV head h // G; softmax in fp32."""
+    B, T, N, D = query_BxTxNxD.shape
+    K = keys_BxSxKxD.shape[2]
+    G = N // K
+    q_BxTxKxGxD = query_BxTxNxD.reshape(B, T, K, G, D)
+    scores_BxKxGxTxS = jnp.einsum("btkgd,bskd->bkgts", q_BxTxKxGxD, keys_BxSxKxD,
+                                  preferred_element_type=jnp.float32) * (D ** -0.5)
+    scores_BxKxGxTxS = jnp.where(visible_BxTxS[:, None, None], scores_BxKxGxTxS, _MASKED)
+    probs_BxKxGxTxS = jax.nn.softmax(scores_BxKxGxTxS, axis=-1).astype(query_BxTxNxD.dtype)
+    out_BxTxKxGxD = jnp.einsum("bkgts,bskd->btkgd", probs_BxKxGxTxS, values_BxSxKxD)
+    return out_BxTxKxGxD.reshape(B, T, N, D)

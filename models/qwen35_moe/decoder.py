@@ -1,0 +1,96 @@
+"""Decoder layers and the scanned stack.
+
+Per layer:  h = x + Mixer(norm_in(x));  x' = h + MoE(norm_post(h)),  Mixer = GatedDeltaNet or Attention.
+The stack is `pattern * n_blocks + tail` (see `Qwen35MoeConfig.block_layout`): one `DecoderBlock` holds one
+repeat of the pattern (3 GDN + 1 attention for Qwen3.5) with every parameter stacked over a leading `layers`
+axis of size n_blocks, applied with `lax.scan` (one compiled block, any depth) under the configured remat
+policy; the tail layers, if any, run one by one.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models.qwen35_moe.attention import Attention
+from models.qwen35_moe.config import FULL_ATTENTION, Qwen35MoeConfig
+from models.qwen35_moe.gated_deltanet import GatedDeltaNet
+from models.qwen35_moe.moe import SparseMoe
+from models.qwen35_moe.norms import RMSNorm
+
+_REMAT_POLICIES = {
+    "full": None,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, config: Qwen35MoeConfig, layer_type: str, *, rngs: nnx.Rngs):
+        self.layer_type = layer_type
+        pdt = config.weight_dtype
+        self.input_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, param_dtype=pdt, rngs=rngs)
+        self.post_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, param_dtype=pdt, rngs=rngs)
+        if layer_type == FULL_ATTENTION:
+            self.mixer = Attention(config, rngs=rngs)
+        else:
+            self.mixer = GatedDeltaNet(config, rngs=rngs)
+        self.moe = SparseMoe(config, rngs=rngs)
+
+    def __call__(self, x_BxTxH, *, positions_BxT, segment_ids_BxT, cache, cache_start_B, valid_BxT):
+        normed = self.input_norm(x_BxTxH)
+        if self.layer_type == FULL_ATTENTION:
+            mixed, new_cache = self.mixer(normed, positions_BxT=positions_BxT, segment_ids_BxT=segment_ids_BxT,
+                                          cache=cache, cache_start_B=cache_start_B, valid_BxT=valid_BxT)
+        else:
+            mixed, new_cache = self.mixer(normed, segment_ids_BxT=segment_ids_BxT, cache=cache, valid_BxT=valid_BxT)
+        h_BxTxH = x_BxTxH + mixed
+        moe_out, aux = self.moe(self.post_norm(h_BxTxH))
+        return h_BxTxH + moe_out, new_cache, aux
+
+
+class DecoderBlock(nnx.Module):
+    """One repeat of the layer pattern; as a scanned stack its parameters carry a leading `layers` axis."""
+
+    def __init__(self, config: Qwen35MoeConfig, pattern: tuple[str, ...], *, rngs: nnx.Rngs):
+        self.layers = nnx.List([DecoderLayer(config, t, rngs=rngs) for t in pattern])
+
+    def __call__(self, x_BxTxH, *, caches, **kwargs):
+        new_caches, auxes = [], []
+        for i, layer in enumerate(self.layers):
+            x_BxTxH, new_cache, aux = layer(x_BxTxH, cache=None if caches is None else caches[i], **kwargs)
+            new_caches.append(new_cache)
+            auxes.append(aux)
+        return x_BxTxH, new_caches, _sum_aux(auxes)
+
+
+def create_block_stack(config: Qwen35MoeConfig, pattern: tuple[str, ...], n_blocks: int,
+                       rngs: nnx.Rngs) -> DecoderBlock:
+    """A DecoderBlock whose parameters are n_blocks independent initialisations stacked on axis 0."""
+    keys = jax.random.split(rngs.params(), n_blocks)
+
+    def init_one(key):
+        return nnx.split(DecoderBlock(config, pattern, rngs=nnx.Rngs(params=key)))[1]
+
+    graphdef = nnx.split(nnx.eval_shape(lambda: DecoderBlock(config, pattern, rngs=nnx.Rngs(params=0))))[0]
+    return nnx.merge(graphdef, jax.vmap(init_one)(keys))
+
+
+def apply_block_stack(blocks: DecoderBlock, x_BxTxH, *, caches, remat_policy: str, **kwargs):
+    """Scan the stacked block over its leading axis; caches (if any) are stacked the same way."""
+    graphdef, state = nnx.split(blocks)
+
+    def body(x, scanned):
+        block_state, block_caches = scanned
+        block = nnx.merge(graphdef, block_state)
+        x, new_caches, aux = block(x, caches=block_caches, **kwargs)
+        return x, (new_caches, aux)
+
+    if remat_policy != "none":
+        body = jax.checkpoint(body, policy=_REMAT_POLICIES[remat_policy], prevent_cse=False)
+    x_BxTxH, (new_caches, aux) = jax.lax.scan(body, x_BxTxH, (state, caches))
+    return x_BxTxH, new_caches, jax.tree.map(lambda a: jnp.sum(a, axis=0), aux)
+
+
+def _sum_aux(auxes: list[dict]) -> dict:
+    return jax.tree.map(lambda *xs: sum(xs), *auxes)
