@@ -105,3 +105,15 @@ def test_gradients_match_transformers(references, tmp_path):
     ours_router = np.asarray(grads.model.blocks.layers[0].moe.router[...])[0]
     theirs_router = reference.model.layers[0].mlp.gate.weight.grad.numpy().T
     np.testing.assert_allclose(ours_router, theirs_router, atol=1e-5, rtol=1e-4)
+
+
+def test_aux_load_balancing_loss_matches_transformers(references, tmp_path):
+    import torch
+
+    reference = references["interval4"]
+    model = load_hf(save_checkpoint(reference, tmp_path / "ckpt", experts="fused", prefix="model."))
+    ids = np.random.RandomState(6).randint(0, 96, size=(2, 40))
+    _, aux = nnx.jit(lambda m, x: m.hidden_states(x))(model, ids)
+    with torch.no_grad():
+        theirs = reference(torch.as_tensor(ids), output_router_logits=True).aux_loss.item()
+    np.testing.assert_allclose(float(model.aux_loss(aux)), theirs, rtol=1e-5)
