@@ -1,0 +1,218 @@
+"""Continuous batching over a fixed number of slots: queued requests fill slots as soon as slots free up.
+
+Loop: admit queued requests into free slots (one 1-row `prefill` each, which also samples the first token), run
+`steps_per_sync` decode steps for all slots on device, collect the emitted tokens, free the slots whose request
+finished, repeat. A slot that finishes mid-chunk idles until the chunk ends (the price of syncing with the host
+every `steps_per_sync` steps instead of every step).
+
+Results never depend on the batch: prefill runs on the slot's row alone, decode rows do not interact, and every
+token's key is fold_in(fold_in(PRNGKey(seed), request_id), token_index) (see sampling.py).
+
+Continuations (multi-turn): `Request(continue_from=parent_id, prompt=observation_tokens)` extends the finished
+sequence `parent_id` with the observation and generates the next turn. If the parent was submitted with
+`keep_cache=True`, its slot stays parked after it finishes (its cache row is kept addressable) and the
+continuation feeds only [parent's last sampled token] + observation tokens into that row: the history is never
+recomputed. Otherwise the continuation re-prefills the whole history (prompt + all turns + observation) into a
+free slot, costing a prefill over the full history per turn. A parked slot is unavailable to other requests until
+a continuation uses it (and parks it again if it also has keep_cache) or `release(parent_id)` frees it.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+
+import jax
+import numpy as np
+from flax import nnx
+
+from mercury_jax.rollout.sampler import Sampler
+
+
+@dataclasses.dataclass
+class Request:
+    """One generation: new tokens after `prompt` (or, with `continue_from`, after that finished sequence + `prompt`)."""
+    request_id: int
+    prompt: list[int]
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    continue_from: int | None = None
+    keep_cache: bool = False
+
+
+@dataclasses.dataclass
+class Sample:
+    """A finished generation. `logprobs[i]` = log_softmax(logits)[tokens[i]] at temperature 1 (the behaviour
+    policy's log-prob, `rollout_logprobs`); `sampling_logprobs[i]` = the log-prob under the temperature/top-k/top-p
+    distribution it was drawn from (0 for greedy). `history` is the whole sequence: prompt (with all earlier turns
+    for a continuation) + tokens."""
+    request_id: int
+    tokens: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length"
+    sampling_logprobs: list[float] = dataclasses.field(default_factory=list)
+    history: list[int] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _Running:
+    request: Request
+    history: list[int]  # everything before the first new token
+    limit: int
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    sampling_logprobs: list[float] = dataclasses.field(default_factory=list)
+
+
+class Engine:
+    """Continuous batching engine. `submit(...)` requests, `run()` until all are done, read `results` / `stats()`.
+
+    `refill=False` gives a static batch for comparison: new requests are admitted only when every slot is free.
+    """
+
+    def __init__(self, model: nnx.Module, *, num_slots: int, max_length: int, steps_per_sync: int = 8,
+                 refill: bool = True):
+        self.sampler = Sampler(model, num_slots=num_slots, max_length=max_length)
+        self.num_slots, self.max_length = num_slots, max_length
+        self.steps_per_sync, self.refill = steps_per_sync, refill
+        self.state = self.sampler.init_state()
+        self.queue: collections.deque[Request] = collections.deque()
+        self.slots: list[_Running | None] = [None] * num_slots
+        self.parked: dict[int, int] = {}  # request id -> slot holding its finished sequence's cache
+        self.results: dict[int, Sample] = {}
+        self._decode_steps = self._busy_slot_steps = self._generated = 0
+        self._prefill_tokens = 0
+        self._seconds = 0.0
+
+    def update_weights(self, model: nnx.Module) -> None:
+        self.sampler.update_weights(model)
+
+    def submit(self, request: Request) -> None:
+        if request.max_new_tokens < 1:
+            raise ValueError(f"request {request.request_id}: max_new_tokens must be >= 1, got {request.max_new_tokens}")
+        if request.continue_from is None and not request.prompt:
+            raise ValueError(f"request {request.request_id}: empty prompt (a new sequence needs at least one token)")
+        if request.continue_from is None and len(request.prompt) >= self.max_length:
+            raise ValueError(f"request {request.request_id}: prompt of {len(request.prompt)} tokens leaves no room "
+                             f"under max_length {self.max_length}; raise max_length or shorten the prompt")
+        if request.continue_from is not None and request.continue_from not in self.results:
+            raise ValueError(f"request {request.request_id} continues {request.continue_from}, which has not finished "
+                             "(continue only from a finished request; run() it first)")
+        self.queue.append(request)
+
+    def release(self, request_id: int) -> None:
+        """Free the parked slot of a finished `keep_cache` request (no continuation will follow)."""
+        self.parked.pop(request_id, None)
+
+    def run(self) -> dict[int, Sample]:
+        """Run until the queue is empty and every slot is idle. Returns all results so far (by request id)."""
+        start = time.perf_counter()
+        while True:
+            self._admit()
+            if not any(self.slots):
+                if self.queue:
+                    raise RuntimeError(f"{len(self.queue)} requests wait but every slot is parked by a keep_cache "
+                                       "request; continue or release() those sequences, or use more slots")
+                break
+            self._decode_chunk()
+        self._seconds += time.perf_counter() - start
+        return self.results
+
+    def stats(self) -> dict:
+        """Slot occupancy (busy slot-steps / all slot-steps of decode) and generated tokens per second."""
+        slot_steps = self._decode_steps * self.num_slots
+        return {"decode_steps": self._decode_steps, "generated_tokens": self._generated,
+                "prefill_tokens": self._prefill_tokens, "seconds": self._seconds,
+                "slot_occupancy": self._busy_slot_steps / slot_steps if slot_steps else 0.0,
+                "tokens_per_second": self._generated / self._seconds if self._seconds else 0.0}
+
+    # -- internals --
+
+    def _free_slots(self) -> list[int]:
+        held = set(self.parked.values())
+        return [s for s in range(self.num_slots) if self.slots[s] is None and s not in held]
+
+    def _admit(self) -> None:
+        if not self.refill and any(self.slots):
+            return
+        deferred = collections.deque()
+        while self.queue:
+            request = self.queue.popleft()
+            parent = request.continue_from
+            if parent is not None and parent in self.parked:
+                self._start(request, self.parked.pop(parent), kept=True)
+                continue
+            free = self._free_slots()
+            if not free:
+                deferred.append(request)
+                continue
+            self._start(request, free[0], kept=False)
+        self.queue = deferred
+
+    def _start(self, request: Request, slot: int, *, kept: bool) -> None:
+        """Prefill `request` into `slot` (`kept`: the slot holds the parent's cache); finishes it at once if its
+        first token ends it."""
+        history = list(request.prompt)
+        feed = history
+        if request.continue_from is not None:
+            parent = self.results[request.continue_from]
+            history = parent.history + list(request.prompt)
+            # the parent's last sampled token was never fed to the model: it leads the appended tokens
+            feed = [parent.history[-1]] + list(request.prompt) if kept else history
+        limit = min(request.max_new_tokens, self.max_length - len(history))
+        running = _Running(request, history, limit)
+        if limit < 1:  # a continuation with no room left under max_length
+            self._finish(running, "length", slot=None)
+            return
+        self.state, first = self.sampler.prefill(
+            self.state, slot, feed, reset=not kept, limit=limit, request_id=request.request_id, seed=request.seed,
+            temperature=request.temperature, top_k=request.top_k, top_p=request.top_p,
+            stop_token_ids=request.stop_token_ids)
+        self._prefill_tokens += len(feed)
+        token, logprob, sampling_logprob, done = jax.device_get(first)
+        self._append(running, int(token), float(logprob), float(sampling_logprob))
+        self.slots[slot] = running
+        if done:
+            self._finish(running, self._reason(running), slot)
+
+    def _decode_chunk(self) -> None:
+        self.state, out = self.sampler.decode(self.state, self.steps_per_sync)
+        out = jax.device_get(out)
+        emitted = np.asarray(out["emitted"])
+        self._decode_steps += emitted.shape[0]
+        self._busy_slot_steps += int(emitted.sum())
+        for slot, running in enumerate(self.slots):
+            if running is None:
+                continue
+            for step in np.nonzero(emitted[:, slot])[0]:
+                self._append(running, int(out["token"][step, slot]), float(out["logprob"][step, slot]),
+                             float(out["sampling_logprob"][step, slot]))
+            if self._is_done(running):
+                self._finish(running, self._reason(running), slot)
+
+    def _append(self, running: _Running, token: int, logprob: float, sampling_logprob: float) -> None:
+        running.tokens.append(token)
+        running.logprobs.append(logprob)
+        running.sampling_logprobs.append(sampling_logprob)
+        self._generated += 1
+
+    def _is_done(self, running: _Running) -> bool:
+        return bool(running.tokens) and (running.tokens[-1] in running.request.stop_token_ids
+                                         or len(running.tokens) >= running.limit)
+
+    def _reason(self, running: _Running) -> str:
+        return "stop" if running.tokens and running.tokens[-1] in running.request.stop_token_ids else "length"
+
+    def _finish(self, running: _Running, reason: str, slot: int | None) -> None:
+        request = running.request
+        self.results[request.request_id] = Sample(
+            request.request_id, running.tokens, running.logprobs, reason, running.sampling_logprobs,
+            running.history + running.tokens)
+        if slot is not None:
+            self.slots[slot] = None
+            if request.keep_cache:
+                self.parked[request.request_id] = slot

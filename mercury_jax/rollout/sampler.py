@@ -1,0 +1,160 @@
+"""Jitted prefill and decode over a fixed number of slots sharing one batched decode cache.
+
+The device state (`SlotState`, a dict pytree) holds the model cache for `num_slots` rows plus, per slot, the
+request it serves: its last sampled token (not yet fed to the model), how many tokens it has sampled, its token
+budget, request id, seed, sampling parameters and stop ids. Two compiled functions act on it:
+
+- `prefill`: feed a (bucketed, right-padded) token run into ONE slot and sample that request's first token.
+  The slot's row is taken out of the batched cache (or a fresh empty row for a new sequence), advanced by a
+  1-row `model.extend`, and scattered back at the slot index. Cost is that of the row alone, and the other
+  slots' rows are copied through untouched. A continuation ("append observation tokens, then generate") is the
+  same call without the reset: the row keeps its history and only the new tokens are computed.
+- `decode`: `num_steps` decode steps for all slots in one `lax.scan` (T = 1 extends). Inactive slots run with
+  length 0, which leaves their cache row unchanged (attention writes are dropped, GDN state and conv window
+  are kept), so a finished request's cache stays valid for a continuation. A slot stops on a stop token or when
+  its budget is spent; its later steps emit nothing.
+
+Cache layout: leaves have the slot (batch) axis at 0, except those under cache["blocks"], which are stacked over
+the scanned blocks first, so their slot axis is 1 (`slot_axis`).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from mercury_jax.rollout.sampling import sample_tokens, token_keys
+
+MAX_STOP_IDS = 8
+MIN_BUCKET = 8
+
+
+def slot_axis(path) -> int:
+    """The batch (slot) axis of a cache leaf: 1 under cache["blocks"] (leading n_blocks axis), else 0."""
+    return 1 if path and getattr(path[0], "key", None) == "blocks" else 0
+
+
+def take_row(cache: dict, slot: jax.Array) -> dict:
+    """The 1-row cache of `slot`."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, a: jax.lax.dynamic_slice_in_dim(a, slot, 1, axis=slot_axis(path)), cache)
+
+
+def put_row(cache: dict, row: dict, slot: jax.Array) -> dict:
+    """`cache` with the row of `slot` replaced by the 1-row cache `row`."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, a, r: jax.lax.dynamic_update_slice_in_dim(a, r.astype(a.dtype), slot, axis=slot_axis(path)),
+        cache, row)
+
+
+def bucket_length(length: int, max_length: int) -> int:
+    """Power-of-two padded length for a prefill of `length` tokens (at least MIN_BUCKET, at most max_length)."""
+    bucket = MIN_BUCKET
+    while bucket < length:
+        bucket *= 2
+    return max(length, min(bucket, max_length))
+
+
+class Sampler:
+    """Owns the compiled prefill/decode functions and the model weights they run with.
+
+    `update_weights(model)` swaps in new weights (same shapes) without recompiling.
+    """
+
+    def __init__(self, model: nnx.Module, *, num_slots: int, max_length: int):
+        self.num_slots, self.max_length = num_slots, max_length
+        self.graphdef, self.params = nnx.split(model)
+        self._init_cache = model.init_cache
+
+    def update_weights(self, model: nnx.Module) -> None:
+        self.params = nnx.state(model)
+
+    def init_state(self) -> dict:
+        S = self.num_slots
+        return {
+            "cache": self._init_cache(S, self.max_length),
+            "last_token": jnp.zeros((S,), jnp.int32),
+            "active": jnp.zeros((S,), bool),
+            "num_generated": jnp.zeros((S,), jnp.int32),
+            "limit": jnp.zeros((S,), jnp.int32),
+            "request_id": jnp.zeros((S,), jnp.int32),
+            "seed": jnp.zeros((S,), jnp.int32),
+            "temperature": jnp.ones((S,), jnp.float32),
+            "top_k": jnp.zeros((S,), jnp.int32),
+            "top_p": jnp.ones((S,), jnp.float32),
+            "stop_ids": jnp.full((S, MAX_STOP_IDS), -1, jnp.int32),
+        }
+
+    def prefill(self, state: dict, slot: int, tokens: list[int], *, reset: bool, limit: int, request_id: int,
+                seed: int, temperature: float, top_k: int, top_p: float, stop_token_ids=()):
+        """Feed `tokens` into `slot` (after its history unless `reset`) and sample the first new token.
+
+        Returns (state, (token, logprob, sampling_logprob, done)) as device scalars; `state` is donated.
+        """
+        if len(stop_token_ids) > MAX_STOP_IDS:
+            raise ValueError(f"{len(stop_token_ids)} stop token ids given; the sampler holds at most {MAX_STOP_IDS}")
+        T = bucket_length(len(tokens), self.max_length)
+        ids = jnp.asarray([list(tokens) + [0] * (T - len(tokens))], jnp.int32)
+        stops = jnp.asarray(list(stop_token_ids) + [-1] * (MAX_STOP_IDS - len(stop_token_ids)), jnp.int32)
+        request = {"reset": jnp.asarray(reset), "limit": jnp.int32(limit), "request_id": jnp.int32(request_id),
+                   "seed": jnp.int32(seed), "temperature": jnp.float32(temperature), "top_k": jnp.int32(top_k),
+                   "top_p": jnp.float32(top_p), "stop_ids": stops}
+        return _prefill_jit(self.graphdef, self.max_length, self.params, state, jnp.int32(slot), ids,
+                            jnp.int32(len(tokens)), request)
+
+    def decode(self, state: dict, num_steps: int):
+        """`num_steps` decode steps for every active slot. Returns (state, outputs) with outputs
+        {"token", "logprob", "sampling_logprob", "emitted"}: [num_steps, num_slots] each."""
+        return _decode_jit(self.graphdef, self.params, state, num_steps)
+
+
+def _finished(token, num_generated, limit, stop_ids):
+    """Done after sampling `token` (the num_generated-th token): a stop id, or the budget is spent."""
+    return jnp.any(token[..., None] == stop_ids, axis=-1) | (num_generated >= limit)
+
+
+def _prefill(graphdef, max_length, params, state, slot, ids_1xT, length, request):
+    model = nnx.merge(graphdef, params)
+    cache = state["cache"]
+    fresh = model.init_cache(1, max_length)
+    row = jax.tree.map(lambda f, r: jnp.where(request["reset"], f, r), fresh, take_row(cache, slot))
+    logits_1xTxV, row = model.extend(ids_1xT, row, length[None])
+    last_logits_1xV = jax.lax.dynamic_index_in_dim(logits_1xTxV[0], length - 1, axis=0, keepdims=True)
+    one = lambda x: jnp.asarray(x)[None]
+    keys = token_keys(one(request["seed"]), one(request["request_id"]), jnp.zeros((1,), jnp.int32))
+    token, logprob, sampling_logprob = sample_tokens(last_logits_1xV, keys, one(request["temperature"]),
+                                                     one(request["top_k"]), one(request["top_p"]))
+    token, logprob, sampling_logprob = token[0], logprob[0], sampling_logprob[0]
+    done = _finished(token, 1, request["limit"], request["stop_ids"])
+    new_state = dict(state)
+    new_state["cache"] = put_row(cache, row, slot)
+    updates = {"last_token": token, "active": ~done, "num_generated": jnp.int32(1)}
+    updates.update({k: request[k] for k in ("limit", "request_id", "seed", "temperature", "top_k", "top_p",
+                                            "stop_ids")})
+    for name, value in updates.items():
+        new_state[name] = state[name].at[slot].set(value)
+    return new_state, (token, logprob, sampling_logprob, done)
+
+
+def _decode(graphdef, params, state, num_steps):
+    model = nnx.merge(graphdef, params)
+
+    def step(state, _):
+        active_B = state["active"]
+        logits_Bx1xV, cache = model.extend(state["last_token"][:, None], state["cache"], active_B.astype(jnp.int32))
+        keys_B = token_keys(state["seed"], state["request_id"], state["num_generated"])
+        token_B, logprob_B, sampling_logprob_B = sample_tokens(logits_Bx1xV[:, 0], keys_B, state["temperature"],
+                                                               state["top_k"], state["top_p"])
+        num_generated_B = state["num_generated"] + active_B.astype(jnp.int32)
+        done_B = active_B & _finished(token_B, num_generated_B, state["limit"], state["stop_ids"])
+        new_state = dict(state, cache=cache, num_generated=num_generated_B, active=active_B & ~done_B,
+                         last_token=jnp.where(active_B, token_B, state["last_token"]))
+        out = {"token": token_B, "logprob": logprob_B, "sampling_logprob": sampling_logprob_B, "emitted": active_B}
+        return new_state, out
+
+    return jax.lax.scan(step, state, None, length=num_steps)
+
+
+# Module-level so every Sampler with the same model structure and shapes shares the compiled code.
+_prefill_jit = jax.jit(_prefill, static_argnums=(0, 1), donate_argnums=(3,))
+_decode_jit = jax.jit(_decode, static_argnums=(0, 3), donate_argnums=(2,))
