@@ -1,0 +1,84 @@
+"""Behaviour multiplier (ENVIRONMENTS.md section 2): scales a positive reward down, never up.
+
+    reward = effects_fraction * multiplier,   multiplier = repetition * post_answer_runaway * degenerate_truncation
+
+Each factor lies in [0, 1], is reported separately in `parts`, and has its own strength in `BehaviourConfig`:
+- **repetition**: `rate = 1 - unique/total` over the word n-grams (`ngram`, default 4) of all assistant text
+  with tool-call blocks removed (their XML repeats by design); texts with fewer than `min_ngrams` n-grams have
+  rate 0. `factor = 1 - repetition_strength * clip((rate - threshold) / (1 - threshold), 0, 1)`.
+- **post_answer_runaway**: after the turn that states the final answer (`answered_turn`, else the first turn
+  whose text matches `ANSWER_PATTERN`), every further assistant turn is one unit, and so are tool calls after the
+  answer inside that turn; trailing text after the answer line counts `chars / runaway_chars` units beyond a
+  free `runaway_chars`. `factor = max(0, 1 - runaway_strength * min(1, units))`.
+- **degenerate_truncation**: `finish_reason` is a budget stop ("length", "max_tokens", "truncated"):
+  `factor = 1 - truncation_strength`, or `1 - truncation_in_think_strength` when the last turn never closed
+  `<think>` (such a turn has no action at all).
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+ANSWER_PATTERN = re.compile(r"(?im)^\s*(final answer\s*:|<answer>|(the )?task (is )?(complete|done)\b)")
+TOOL_CALL_BLOCK = re.compile(r"<tool_call>.*?(</tool_call>|$)", re.S)
+TRUNCATION_REASONS = ("length", "max_tokens", "truncated")
+
+
+@dataclass(frozen=True)
+class BehaviourConfig:
+    ngram: int = 4
+    min_ngrams: int = 8
+    repetition_threshold: float = 0.3
+    repetition_strength: float = 1.0
+    runaway_strength: float = 0.5
+    runaway_chars: int = 200
+    truncation_strength: float = 0.5
+    truncation_in_think_strength: float = 1.0
+
+
+def behaviour_multiplier(assistant_texts: Sequence[str], *, finish_reason: str, answered_turn: int | None = None,
+                         config: BehaviourConfig = BehaviourConfig()) -> tuple[float, dict]:
+    """(multiplier, parts) for one trajectory's generated assistant texts (raw, as sampled, one per turn)."""
+    rate = repetition_rate(assistant_texts, config.ngram, config.min_ngrams)
+    excess = (rate - config.repetition_threshold) / max(1e-9, 1 - config.repetition_threshold)
+    repetition = 1 - config.repetition_strength * min(1.0, max(0.0, excess))
+
+    if answered_turn is None:
+        answered_turn = next((i for i, t in enumerate(assistant_texts) if ANSWER_PATTERN.search(_visible(t))), None)
+    turns_after, trailing_chars, calls_after = 0, 0, 0
+    if answered_turn is not None and answered_turn < len(assistant_texts):
+        turns_after = len(assistant_texts) - 1 - answered_turn
+        visible = _visible(assistant_texts[answered_turn])
+        marker = ANSWER_PATTERN.search(visible)
+        if marker:
+            line_end = visible.find("\n", marker.end())
+            tail = visible[line_end:] if line_end >= 0 else ""
+            calls_after = len(TOOL_CALL_BLOCK.findall(tail))
+            trailing_chars = len(TOOL_CALL_BLOCK.sub("", tail).strip())
+    units = turns_after + calls_after + max(0, trailing_chars - config.runaway_chars) / config.runaway_chars
+    runaway = max(0.0, 1 - config.runaway_strength * min(1.0, units))
+
+    truncated = finish_reason in TRUNCATION_REASONS
+    in_think = truncated and bool(assistant_texts) and "</think>" not in assistant_texts[-1]
+    strength = config.truncation_in_think_strength if in_think else config.truncation_strength
+    truncation = 1 - strength if truncated else 1.0
+
+    parts = {"repetition": repetition, "repetition_rate": rate, "post_answer_runaway": runaway,
+             "runaway_turns": turns_after, "runaway_calls": calls_after, "runaway_chars": trailing_chars,
+             "degenerate_truncation": truncation, "truncated": truncated, "truncated_in_think": in_think}
+    return repetition * runaway * truncation, parts
+
+
+def repetition_rate(texts: Sequence[str], n: int = 4, min_ngrams: int = 8) -> float:
+    """1 - unique/total word n-grams over `texts` (tool-call blocks removed); 0 for short texts."""
+    words = [w.lower() for t in texts for w in re.findall(r"\w+", TOOL_CALL_BLOCK.sub(" ", t))]
+    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+    if len(grams) < min_ngrams:
+        return 0.0
+    return 1 - len(set(grams)) / len(grams)
+
+
+def _visible(text: str) -> str:
+    """The reply part of a turn: text after `</think>` when present (reasoning may rehearse an answer)."""
+    return text.split("</think>", 1)[1] if "</think>" in text else text

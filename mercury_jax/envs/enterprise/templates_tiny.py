@@ -1,0 +1,60 @@
+"""Two- and three-tool templates for the tiny preset (CPU demos: a whole oracle trajectory in ~512 tokens).
+
+Same contract as the full templates (hard split, required and forbidden effects), fewer lookups and writes.
+"""
+from __future__ import annotations
+
+import random
+
+from mercury_jax.envs.enterprise.drafts import Draft, View, absent, equals, mentions, step, unchanged
+
+
+def tiny_delete_phishing(v: View, rng: random.Random) -> Draft | None:
+    email = next(e for e in v.db["emails"].values() if e["from"].startswith("it-helpdesk@"))
+    return Draft(
+        "tiny_delete_phishing", v.head("Support")["id"], "Delete the fake password-expiry email.",
+        [step("search_emails", query="password"), step("delete_email", email_id=email["id"])],
+        [absent("emails", email["id"], f"phishing email {email['id']} is deleted")],
+        [unchanged("emails", e["id"], f"email {e['id']} is left alone") for e in v.db["emails"].values()
+         if e["id"] != email["id"]][:2],
+        [["emails", email["id"]]], f"Deleted {email['id']}.", [mentions(email["id"], "the reply names the email")])
+
+
+def tiny_close_ticket(v: View, rng: random.Random) -> Draft | None:
+    accounts = [a for a in v.db["accounts"].values() if len(v.of_account("tickets", a["id"])) == 1
+                and v.of_account("tickets", a["id"])[0]["status"] != "closed"]
+    if not accounts:
+        return None
+    account = rng.choice(accounts)
+    ticket = v.of_account("tickets", account["id"])[0]
+    return Draft(
+        "tiny_close_ticket", v.head("Support")["id"], f"Close the ticket of our {account['industry']} customer.",
+        [step("search_accounts", query=account["industry"]), step("search_tickets", account_id=account["id"]),
+         step("update_ticket", ticket_id=ticket["id"], status="closed")],
+        [equals("tickets", ticket["id"], "status", "closed", f"ticket {ticket['id']} is closed")],
+        [unchanged("tickets", t["id"], f"ticket {t['id']} is left alone") for t in v.db["tickets"].values()
+         if t["id"] != ticket["id"]][:2],
+        [["tickets", ticket["id"]], ["accounts", account["id"]]], f"Closed {ticket['id']}.",
+        [mentions(ticket["id"], "the reply names the ticket")])
+
+
+def tiny_deal_stage(v: View, rng: random.Random) -> Draft | None:
+    accounts = [a for a in v.db["accounts"].values() if len(v.of_account("deals", a["id"])) == 1]
+    if not accounts:
+        return None
+    account = rng.choice(accounts)
+    deal = v.of_account("deals", account["id"])[0]
+    stage = rng.choice([s for s in ("proposal", "negotiation", "closed_won") if s != deal["stage"]])
+    return Draft(
+        "tiny_deal_stage", account["owner_id"],
+        f"Set the deal of our {account['industry']} customer to {stage.replace('_', ' ')}.",
+        [step("search_accounts", query=account["industry"]), step("list_deals", account_id=account["id"]),
+         step("update_deal", deal_id=deal["id"], stage=stage)],
+        [equals("deals", deal["id"], "stage", stage, f"deal {deal['id']} is at {stage}")],
+        [unchanged("deals", d["id"], f"deal {d['id']} is left alone") for d in v.db["deals"].values()
+         if d["id"] != deal["id"]][:2],
+        [["deals", deal["id"]], ["accounts", account["id"]]], f"Deal {deal['id']} is now {stage}.",
+        [mentions(deal["id"], "the reply names the deal")])
+
+
+TEMPLATES = {f.__name__: f for f in (tiny_delete_phishing, tiny_close_ticket, tiny_deal_stage)}

@@ -1,0 +1,128 @@
+"""One episode of either world: a fresh state mounted on a fresh in-process MCP server through the adapter.
+
+    async with make_episode(task) as episode:
+        tools = await episode.tools()                    # OpenAI-style schemas for render(messages, tools)
+        observation = await episode.call(tool_call)      # parsed ToolCall -> ToolObservation (via MCPToolbox)
+        result = episode.grade(final_answer_text, transcript)
+
+Enterprise `grade`: `effects_fraction`, `all_effects_pass`, `forbidden_violations`, `details` from the final state
+(plus rubric items scored by `judge`, as extra effects, when a judge is given). Browse `grade`: `accuracy`
+(normalized match of the `Final answer:` line), `effects_fraction` = accuracy, `all_effects_pass` = correct and
+grounded, `evidence_sufficient`, `over_search_calls` (tool calls made after the evidence became sufficient).
+Nothing is shared between episodes: each `make_episode` rebuilds the world from the task's seed.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from mercury_jax.envs.mcp_adapter import MCPToolbox, ToolObservation, build_server
+
+
+class Episode:
+    """Base: owns the MCP toolbox; subclasses build the state and tools and grade."""
+
+    def __init__(self, task: Mapping, *, call_timeout_s: float = 30.0):
+        self.task = dict(task)
+        self.call_timeout_s = call_timeout_s
+        self.toolbox: MCPToolbox | None = None
+        self.messages: list[dict] = []  # tool calls and observations seen through `call`, in order
+
+    def _tools(self) -> dict:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Episode:
+        tools = self._tools()
+        self.toolbox = MCPToolbox(build_server(tools, name=f"{self.task['world']}-{self.task['task_id']}"),
+                                  call_timeout_s=self.call_timeout_s)
+        await self.toolbox.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        if self.toolbox is not None:
+            await self.toolbox.__aexit__(*exc_info)
+        self.toolbox = None
+
+    async def tools(self) -> list[dict]:
+        return await self._open().list_tools()
+
+    async def call(self, tool_call) -> ToolObservation:
+        observation = await self._open().call(tool_call)
+        self.messages.append({"role": "assistant", "content": "",
+                              "tool_calls": [{"name": tool_call.name, "arguments": dict(tool_call.arguments)}]})
+        self.messages.append({"role": "tool", "name": observation.name, "content": observation.text})
+        return observation
+
+    def _open(self) -> MCPToolbox:
+        if self.toolbox is None:
+            raise RuntimeError("episode is not open: use `async with make_episode(task) as episode:`")
+        return self.toolbox
+
+
+class EnterpriseEpisode(Episode):
+    def __init__(self, task: Mapping, *, judge=None, call_timeout_s: float = 30.0):
+        super().__init__(task, call_timeout_s=call_timeout_s)
+        self.judge = judge
+
+    def _tools(self) -> dict:
+        from mercury_jax.envs.enterprise.tasks import initial_state
+        from mercury_jax.envs.enterprise.toolset import make_tools
+
+        self.initial, self.state = initial_state(self.task), initial_state(self.task)
+        return make_tools(self.state, self.task["tool_names"])
+
+    def grade(self, final_answer_text: str, transcript: Sequence[Mapping] | None = None) -> dict:
+        from mercury_jax.envs.enterprise.effects import grade_state
+
+        extra = self.judge.score(self.task["rubric"], final_answer_text, transcript) if self.judge else ()
+        return grade_state(self.task["required_effects"], self.task["forbidden_effects"], self.initial, self.state,
+                           extra)
+
+
+class BrowseEpisode(Episode):
+    def _tools(self) -> dict:
+        from mercury_jax.envs.browse.tasks import corpus_of
+        from mercury_jax.envs.browse.tools import BrowseIndex, browse_tools
+
+        return browse_tools(BrowseIndex(corpus_of(self.task)))
+
+    def grade(self, final_answer_text: str, transcript: Sequence[Mapping] | None = None) -> dict:
+        return grade_browse(self.task, final_answer_text, self.messages if transcript is None else transcript)
+
+
+def grade_browse(task: Mapping, final_answer_text: str, transcript: Sequence[Mapping]) -> dict:
+    """Accuracy, grounding and over-search of a finished browsing trajectory (`transcript`: chat messages)."""
+    from mercury_jax.envs.browse.sufficiency import answer_shown, evidence_sufficient
+    from mercury_jax.envs.browse.tasks import extract_answer, normalize_answer
+
+    answer = extract_answer(final_answer_text or "")
+    correct = answer is not None and normalize_answer(answer) == normalize_answer(task["answer"])
+    grounded = answer is not None and answer_shown(answer, transcript)
+    calls = [k for k, m in enumerate(transcript) if m.get("role") == "assistant" and m.get("tool_calls")]
+    first_sufficient = next((k for k in range(len(transcript) + 1) if evidence_sufficient(task, transcript[:k])), None)
+    over = sum(len(transcript[k]["tool_calls"]) for k in calls if first_sufficient is not None and k >= first_sufficient)
+    details = [{"type": "required", "description": f"the final answer is {task['answer']!r}", "ok": correct},
+               {"type": "required", "description": "the answer occurs in page text seen", "ok": grounded}]
+    return {"effects_fraction": float(correct), "all_effects_pass": correct and grounded, "accuracy": float(correct),
+            "grounded": grounded, "evidence_sufficient": first_sufficient is not None,
+            "over_search_calls": over, "answer": answer, "details": details}
+
+
+def make_episode(task: Mapping, *, judge=None, call_timeout_s: float = 30.0) -> Episode:
+    """A fresh episode for `task` (enterprise or browse); use it as an async context manager."""
+    if task["world"] == "enterprise":
+        return EnterpriseEpisode(task, judge=judge, call_timeout_s=call_timeout_s)
+    if task["world"] == "browse":
+        return BrowseEpisode(task, call_timeout_s=call_timeout_s)
+    raise ValueError(f"unknown world {task['world']!r}; expected 'enterprise' or 'browse'")
+
+
+def oracle_trajectory(task: Mapping, **options) -> list[dict]:
+    """The scripted solver's chat messages for `task` (either world); for browsing, the task's `oracle_config`
+    and then `options` set the oracle's `OracleConfig` (e.g. `over_search_prob=0.5`)."""
+    if task["world"] == "enterprise":
+        from mercury_jax.envs.enterprise.oracle import oracle_trajectory as enterprise_oracle
+
+        return enterprise_oracle(dict(task))
+    from mercury_jax.envs.browse.oracle import OracleConfig, oracle_trajectory as browse_oracle
+
+    return browse_oracle(dict(task), OracleConfig(**{**task.get("oracle_config", {}), **options}))
