@@ -6,8 +6,9 @@ Facts (one sentence each, on the page of the entity they start from):
     company --hq------->  city        "{c} is headquartered in {x}." company --ceo-----> person "{c}'s chief executive is {p}."
     city    --mayor---->  person      "The mayor of {x} is {p}."    city    --country--> country "{x} lies in {k}."
 A question walks `hops` (1-4) relations from a start entity and nests their phrases ("Name the mayor of the city
-where the company founded by Ada Brandt is headquartered."); the gold answer is the last entity's name and the
-evidence set is the pages of the entities the walk leaves from (each holds one needed fact). Names are invented
+where the company founded by Ada Brandt is headquartered."); the gold answer is the last entity's name, the
+`answer_fact` is the sentence that states it, and the evidence set is the pages of the entities the walk leaves
+from (each holds one needed fact). Names are invented
 (no world knowledge helps) and unique; filler lines name no entity, so only fact lines carry answers.
 """
 from __future__ import annotations
@@ -97,7 +98,7 @@ def generate_corpus(seed: int, config: CorpusConfig = CorpusConfig()) -> dict:
 
 def generate_questions(corpus: dict, count: int, config: CorpusConfig = CorpusConfig(), *,
                        seed: int = 0) -> list[dict]:
-    """`count` distinct questions: {question, answer, evidence (page ids), hops, chain}."""
+    """`count` distinct questions: {question, answer, answer_fact, evidence (page ids), hops, chain}."""
     rng = random.Random(f"browse-questions-{corpus['seed']}-{seed}")
     facts = {(s, r): t for s, r, t in corpus["facts"]}
     by_title = {p["title"]: p for p in corpus["pages"]}
@@ -122,6 +123,7 @@ def generate_questions(corpus: dict, count: int, config: CorpusConfig = CorpusCo
         for relation in relations:
             phrase = RELATIONS[relation][3].format(s=phrase)
         seen.update([node, (start, tuple(relations))])
-        out.append({"question": f"Name {phrase}.", "answer": node, "hops": hops, "chain": chain,
+        fact = RELATIONS[relations[-1]][2].format(s=chain[-3], t=node)
+        out.append({"question": f"Name {phrase}.", "answer": node, "answer_fact": fact, "hops": hops, "chain": chain,
                     "evidence": [by_title[e]["id"] for e in chain[:-1:2]]})
     return out

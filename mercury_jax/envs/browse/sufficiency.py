@@ -1,9 +1,11 @@
 """Evidence sufficiency of a browsing trajectory (ENVIRONMENTS.md section 3).
 
 Sufficient at a state = every evidence page of the task has been opened (an `open` observation with its
-`[page pNNN]` header), or the gold answer span has been shown in page text (an `open` or `find` observation;
-search results show titles only and do not count). `observed_page_text` is also what the stop-verifier uses to
-decide whether an answer is grounded.
+`[page pNNN]` header), or the answer span has been shown in page text (an `open` or `find` observation; search
+results show titles only and do not count). The answer span is the sentence stating the final fact
+(`answer_fact`, e.g. "Quiove lies in Varholia."), not the bare answer name: entity names recur on unrelated
+pages, and seeing one there does not tell the agent it is the answer. `answer_shown` (the bare answer occurs in
+observed page text) is what the stop-verifier uses to decide whether an answer is grounded.
 """
 from __future__ import annotations
 
@@ -39,4 +41,4 @@ def answer_shown(answer: str, messages: Sequence[Mapping]) -> bool:
 
 def evidence_sufficient(task: Mapping, messages: Sequence[Mapping]) -> bool:
     """Whether the evidence seen in `messages` suffices to answer `task`."""
-    return set(task["evidence"]) <= opened_pages(messages) or answer_shown(task["answer"], messages)
+    return set(task["evidence"]) <= opened_pages(messages) or answer_shown(task["answer_fact"], messages)

@@ -1,0 +1,61 @@
+"""Behaviour multiplier: each factor against hand-computed values, reported separately, product scales down."""
+import pytest
+
+from mercury_jax.envs.behaviour import BehaviourConfig, behaviour_multiplier, repetition_rate
+
+CALL = "<tool_call>\n<function=search>\n<parameter=query>\nsame query again\n</parameter>\n</function>\n</tool_call>"
+
+
+def test_clean_trajectory_keeps_full_reward():
+    texts = ["</think>\n\n" + CALL, "</think>\n\nI found the page that names the founder of the company.",
+             "</think>\n\nFinal answer: Lisbon"]
+    multiplier, parts = behaviour_multiplier(texts, finish_reason="stop")
+    assert multiplier == 1.0
+    assert (parts["repetition"], parts["post_answer_runaway"], parts["degenerate_truncation"]) == (1.0, 1.0, 1.0)
+
+
+def test_repetition_rate_and_factor_by_hand():
+    text = "a b c d a b c d a b c d"  # 9 four-grams, 4 distinct -> rate 5/9
+    assert repetition_rate([text]) == pytest.approx(5 / 9)
+    multiplier, parts = behaviour_multiplier([text], finish_reason="stop")
+    assert parts["repetition"] == pytest.approx(1 - (5 / 9 - 0.3) / 0.7)
+    assert multiplier == pytest.approx(parts["repetition"])
+    assert repetition_rate(["a b c d a b c d"]) == 0.0  # 5 four-grams < min_ngrams
+    assert repetition_rate([CALL] * 30) == 0.0  # tool-call XML repeats by design and is not counted
+    half = behaviour_multiplier([text], finish_reason="stop", config=BehaviourConfig(repetition_strength=0.5))[1]
+    assert half["repetition"] == pytest.approx(1 - 0.5 * (5 / 9 - 0.3) / 0.7)
+
+
+@pytest.mark.parametrize("texts, answered_turn, expected, turns, calls", [
+    (["Final answer: X", CALL, "more"], None, 0.5, 2, 0),       # two turns after the answer: capped at 1 unit
+    (["Final answer: X\n" + CALL], None, 0.5, 0, 1),            # a call after the answer inside the turn
+    (["Final answer: X\n" + "y" * 300], None, 0.75, 0, 0),      # 100 chars beyond the free 200: 0.5 unit
+    (["Done, I updated the ticket.", "extra"], 0, 0.5, 1, 0),    # answered_turn given by the rollout engine
+    (["Done, I updated the ticket."], 0, 1.0, 0, 0),
+    (["<think>Final answer: maybe</think>\n\n" + CALL, "</think>\n\nFinal answer: Y"], None, 1.0, 0, 0),
+])
+def test_post_answer_runaway(texts, answered_turn, expected, turns, calls):
+    multiplier, parts = behaviour_multiplier(texts, finish_reason="stop", answered_turn=answered_turn)
+    assert parts["post_answer_runaway"] == pytest.approx(expected)
+    assert (parts["runaway_turns"], parts["runaway_calls"]) == (turns, calls)
+
+
+@pytest.mark.parametrize("last, finish, factor, in_think", [
+    ("<think>\nstill thinking and thinking", "length", 0.0, True),
+    ("</think>\n\nhalf a sentence", "length", 0.5, False),
+    ("<think>\nunfinished", "stop", 1.0, False),
+])
+def test_degenerate_truncation(last, finish, factor, in_think):
+    multiplier, parts = behaviour_multiplier([CALL, last], finish_reason=finish)
+    assert parts["degenerate_truncation"] == factor and parts["truncated_in_think"] == in_think
+    assert multiplier == pytest.approx(factor)
+
+
+def test_factors_multiply_and_never_raise_reward():
+    texts = ["a b c d a b c d a b c d", "Final answer: X", "after"]
+    multiplier, parts = behaviour_multiplier(texts, finish_reason="length")
+    assert multiplier == pytest.approx(parts["repetition"] * parts["post_answer_runaway"] * parts["degenerate_truncation"])
+    assert 0.0 <= multiplier < 1.0
+    off = BehaviourConfig(repetition_strength=0, runaway_strength=0, truncation_strength=0,
+                          truncation_in_think_strength=0)
+    assert behaviour_multiplier(texts, finish_reason="length", config=off)[0] == 1.0
