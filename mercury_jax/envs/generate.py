@@ -135,12 +135,40 @@ def benchmark(out: str | Path, worlds: int = 3865, tasks_per_world: int = 10) ->
                      len(summary["templates"])])
     table = markdown_table(["world", "worlds", "tasks", "seconds", "tasks/s", "MB (JSONL)", "shards",
                             "tools per task", "templates / hop counts"], rows)
+    checks = [verify_oracle(Path(out) / "bench-enterprise"), verify_oracle(Path(out) / "bench-browse", limit=1000)]
+    table += "\n\n" + markdown_table(["oracle check", "all_effects_pass", "tasks checked", "seconds"],
+                                     [[w, p, n, round(t, 1)] for w, p, n, t in checks])
     body = (table + "\n\nSingle process, deterministic (`json.dumps(sort_keys=True)` lines), written as 100-world "
             "shards with per-shard statistics; enterprise tasks carry their effects and oracle script, browse tasks "
             "rebuild their corpus from the seed.")
     write_section("worlds", "World and task corpus generation", body,
                   f"python -m mercury_jax.envs.generate --benchmark --out {out}")
     return table
+
+
+def verify_oracle(directory: str | Path, limit: int | None = None) -> tuple[str, int, int, float]:
+    """Replay the oracle on the first `limit` tasks of a corpus (all when None), directly on the state:
+    (world, tasks with all_effects_pass, tasks checked, seconds)."""
+    from mercury_jax.envs.enterprise.effects import grade_state
+    from mercury_jax.envs.enterprise.oracle import run_script
+    from mercury_jax.envs.enterprise.tasks import initial_state
+    from mercury_jax.envs.episode import grade_browse, oracle_trajectory
+
+    start, passed, checked, world = time.perf_counter(), 0, 0, "?"
+    for task in read_tasks(directory):
+        if limit is not None and checked >= limit:
+            break
+        world = task["world"]
+        if world == "enterprise":
+            db = initial_state(task)
+            run_script(task, db)
+            ok = grade_state(task["required_effects"], task["forbidden_effects"], initial_state(task), db)
+        else:
+            messages = oracle_trajectory(task)
+            ok = grade_browse(task, messages[-1]["content"], messages)
+        passed += bool(ok["all_effects_pass"])
+        checked += 1
+    return world, passed, checked, time.perf_counter() - start
 
 
 def main(argv: list[str] | None = None) -> dict:
