@@ -43,6 +43,20 @@ def test_enterprise_oracle_through_mcp_scores_one(index):
     assert "<tool_call>" in render(messages, tools)
 
 
+def test_every_template_round_trips_render_parse_and_mcp():
+    """One task per template: each oracle turn is rendered as model text, parsed back by the tools' schemas
+    (arrays, integers, optional strings) and executed over MCP; the state checks then pass."""
+    by_template = {}
+    for seed in range(10):
+        for task in generate_tasks(seed, 10):
+            by_template.setdefault(task["template"], task)
+    assert len(by_template) >= 14
+    for template, task in sorted(by_template.items()):
+        _, observations, result = asyncio.run(replay(task, oracle_trajectory(task)))
+        assert not any(o.is_error for o in observations), (template, [o.text for o in observations if o.is_error])
+        assert result["all_effects_pass"], (template, result)
+
+
 def test_each_episode_gets_a_fresh_state():
     task = generate_tasks(6, 1)[0]
     messages = oracle_trajectory(task)

@@ -10,7 +10,7 @@ from mercury_jax.envs.enterprise.effects import grade_state
 from mercury_jax.envs.enterprise.oracle import run_script
 from mercury_jax.envs.enterprise.tasks import initial_state
 from mercury_jax.envs.episode import grade_browse, make_episode, oracle_trajectory
-from mercury_jax.envs.generate import generate, main, read_tasks
+from mercury_jax.envs.generate import TaskSource, generate, main, read_tasks
 from mercury_jax.envs.presets import preset_tasks
 
 
@@ -31,6 +31,21 @@ def test_generation_is_deterministic_and_resumable(tmp_path):
     assert sum(first["tool_counts"].values()) == 20 and 10 <= first["tool_count_min"] <= first["tool_count_max"] <= 26
     tasks = list(read_tasks(tmp_path / "a"))
     assert [t["seed"] for t in tasks] == sorted(t["seed"] for t in tasks) and len(tasks) == 20
+
+
+def test_grain_reads_the_corpus(tmp_path):
+    grain = pytest.importorskip("grain")
+    generate("browse", 5, 3, tmp_path, shard_worlds=2, progress=False)
+    everything = list(read_tasks(tmp_path))
+    source = TaskSource(tmp_path)
+    assert len(source) == 15 and source[7] == everything[7]
+    dataset = grain.MapDataset.source(source).shuffle(seed=0)
+    assert sorted(t["task_id"] for t in dataset) == sorted(t["task_id"] for t in everything)
+    hosts = [TaskSource(tmp_path, shard_index=h, shard_count=2) for h in range(2)]
+    assert sorted(t["task_id"] for h in hosts for t in (h[i] for i in range(len(h)))) == \
+        sorted(t["task_id"] for t in everything)
+    with pytest.raises(FileNotFoundError, match="no \\*.jsonl shards"):
+        TaskSource(tmp_path / "missing")
 
 
 def test_cli_both_worlds(tmp_path, capsys):

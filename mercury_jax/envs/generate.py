@@ -9,7 +9,7 @@ as `DIR/{world}-{k:05d}-of-{n:05d}.jsonl`, written to a temporary file and renam
 it (`.stats.json`), so a rerun skips finished shards and redoes a half-written one. Lines are
 `json.dumps(task, sort_keys=True)`: the same arguments give the same bytes. `DIR/summary.json` holds task counts
 per template (or per hop count), the tool-count distribution and the generation time; `read_tasks(DIR)` yields
-the tasks back (the data pipeline shards the file list per host).
+the tasks back, and `TaskSource(DIR, shard_index=host, shard_count=hosts)` is a grain random-access source.
 """
 from __future__ import annotations
 
@@ -80,6 +80,37 @@ def read_tasks(path: str | Path) -> Iterator[dict]:
         with open(name, encoding="utf-8") as file:
             for line in file:
                 yield json.loads(line)
+
+
+class TaskSource:
+    """Random access to the tasks of a corpus directory for grain (`grain.MapDataset.source(TaskSource(DIR))`).
+
+    Host `shard_index` of `shard_count` takes every `shard_count`-th shard file; records are indexed by byte
+    offset once, and each read opens the file, so the source pickles cheaply into grain workers.
+    """
+
+    def __init__(self, directory: str | Path, *, shard_index: int = 0, shard_count: int = 1):
+        files = sorted(glob.glob(str(Path(directory) / "*.jsonl")))
+        if not files:
+            raise FileNotFoundError(f"no *.jsonl shards in {directory}; write them with "
+                                    "python -m mercury_jax.envs.generate --out DIR")
+        self.files = files[shard_index::shard_count]
+        self.index: list[tuple[int, int]] = []
+        for k, name in enumerate(self.files):
+            offset = 0
+            with open(name, "rb") as file:
+                for line in file:
+                    self.index.append((k, offset))
+                    offset += len(line)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> dict:
+        k, offset = self.index[i]
+        with open(self.files[k], "rb") as file:
+            file.seek(offset)
+            return json.loads(file.readline())
 
 
 def _summary(world, preset, worlds, tasks_per_world, first_seed, stats, out: Path) -> dict:
