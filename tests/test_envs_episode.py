@@ -57,6 +57,20 @@ def test_every_template_round_trips_render_parse_and_mcp():
         assert result["all_effects_pass"], (template, result)
 
 
+def test_concurrent_episodes_do_not_share_state():
+    task = generate_tasks(9, 1)[0]
+    messages = oracle_trajectory(task)
+
+    async def main():
+        async def idle():
+            async with make_episode(task) as episode:
+                await asyncio.sleep(0.05)
+                return episode.grade("")["effects_fraction"]
+        return await asyncio.gather(replay(task, messages), idle(), replay(task, messages), idle())
+    solved, idle_a, solved_again, idle_b = asyncio.run(main())
+    assert solved[2]["all_effects_pass"] and solved_again[2]["all_effects_pass"] and idle_a == idle_b == 0.0
+
+
 def test_each_episode_gets_a_fresh_state():
     task = generate_tasks(6, 1)[0]
     messages = oracle_trajectory(task)

@@ -7,6 +7,8 @@ Rules:
 - Tool count: `round(gauss(tool_mean, tool_sd))` clipped to `tool_range` and to at least the required tools;
   distractors come first from the services the task touches, then from the others (plausible tools first).
   `tool_names` is sorted, so the rendered prompt does not reveal which tools are required.
+- The persona (who asks: name, title, department) may use the services of the offered tools (`permissions`,
+  stated in the system prompt).
 - Every task has forbidden effects: the template's near misses, else two untouched records of the collections
   it writes.
 - The task is plain JSON; `initial_state(task)` rebuilds the world from `seed` and `world_config`.
@@ -74,22 +76,24 @@ def system_prompt(db: dict, persona: dict, short: bool = False) -> str:
     if short:
         return f"You help {persona['name']} ({persona['email']}). Today is {db['meta']['today']}."
     return (f"You are the operations assistant at {db['meta']['company']}. You act for {persona['name']}, "
-            f"{persona['title']} ({persona['email']}), who may read and change records through every tool you are "
-            f"given. Today is {db['meta']['today']}. Requests describe records indirectly: look them up with the "
-            "tools before changing anything, change only what the request asks for, and finish with a short "
-            "summary of what you did.")
+            f"{persona['title']} ({persona['email']}), who may read and change records in "
+            f"{', '.join(persona['permissions'])}. Today is {db['meta']['today']}. Requests describe records "
+            "indirectly: look them up with the tools before changing anything, change only what the request asks "
+            "for, and finish with a short summary of what you did.")
 
 
 def _task(db: dict, seed: int, index: int, draft: Draft, rng: random.Random, config: TaskConfig) -> dict:
-    persona = db["people"][draft.persona_id]
     if not draft.forbidden:
         draft.forbidden = _bystanders(db, draft, rng)
+    tool_names = _tool_subset([s["tool"] for s in draft.steps], rng, config)
+    persona = {k: db["people"][draft.persona_id][k] for k in ("id", "name", "title", "email", "department")}
+    persona["permissions"] = sorted({SERVICE_OF[t] for t in tool_names})  # the services this persona may use
     return {
         "task_id": f"enterprise-{seed:06d}-{index:02d}", "world": "enterprise", "seed": seed,
         "template": draft.template,
-        "persona": {k: persona[k] for k in ("id", "name", "title", "email", "department")},
+        "persona": persona,
         "system_prompt": system_prompt(db, persona, config.short_prompts), "user_prompt": draft.user_prompt,
-        "tool_names": _tool_subset([s["tool"] for s in draft.steps], rng, config),
+        "tool_names": tool_names,
         "required_effects": draft.required, "forbidden_effects": draft.forbidden, "rubric": draft.rubric,
         "records": draft.records, "oracle": {"steps": draft.steps, "answer": draft.answer},
         "world_config": asdict(config.world),
