@@ -30,23 +30,32 @@ def model():
 
 
 @pytest.fixture(scope="module")
-def peaked_model():
+def peaked_model(model):
     """The same architecture with a 15x LM head: a few tokens carry most of the mass, so top-k/top-p bite."""
-    m = Qwen35MoeForCausalLM(C.tiny(vocab_size=VOCAB, num_hidden_layers=5), rngs=nnx.Rngs(3))
+    m = nnx.clone(model)
     m.lm_head[...] = m.lm_head[...] * 15.0
     return m
 
 
-@nnx.jit
-def _forward(model, ids_1xT):
-    return model(ids_1xT)
+_forward = jax.jit(lambda graphdef, state, ids_1xT: nnx.merge(graphdef, state)(ids_1xT), static_argnums=0)
+
+
+def full_forward_logits(model, seq: list[int]) -> np.ndarray:
+    """Full-forward (no cache) logits [len(seq), V] of `seq`, right-padded to MAX_LEN (causal: padding after a
+    position cannot change it), so one compilation serves every length."""
+    ids = np.zeros((1, MAX_LEN), np.int32)
+    ids[0, :len(seq)] = seq
+    return np.asarray(_forward(*nnx.split(model), jnp.asarray(ids)))[0, :len(seq)]
 
 
 def full_forward_next_logits(model, seq: list[int]) -> np.ndarray:
-    """Logits for the token after `seq`, from the full forward (no cache), right-padded to MAX_LEN (causal)."""
-    ids = np.zeros((1, MAX_LEN), np.int32)
-    ids[0, :len(seq)] = seq
-    return np.asarray(_forward(model, jnp.asarray(ids)))[0, len(seq) - 1]
+    """Logits for the token after `seq`: a fresh forward of the whole prefix (the no-cache reference)."""
+    return full_forward_logits(model, seq)[-1]
+
+
+def scored_by_one_forward(model, prompt: list[int], tokens: list[int]) -> np.ndarray:
+    """Logits that predicted each of `tokens` after `prompt`, from one causal forward of prompt + tokens."""
+    return full_forward_logits(model, list(prompt) + list(tokens))[len(prompt) - 1:-1]
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -60,7 +69,7 @@ def prompts_of(lengths, seed=0):
 
 
 def test_greedy_equals_argmax_of_full_forward_and_logprobs_match(model):
-    prompts = prompts_of((3, 11, 17))
+    prompts = prompts_of((3, 11, 15))
     samples = generate(model, prompts, max_new_tokens=8, temperature=0.0, num_slots=2, max_length=MAX_LEN)
     for prompt, sample in zip(prompts, samples):
         assert len(sample.tokens) == 8 and sample.finish_reason == "length"
@@ -79,11 +88,9 @@ def test_sampled_logprobs_match_full_forward(model):
     prompts = prompts_of((5, 9), seed=1)
     samples = generate(model, prompts, max_new_tokens=10, seed=11, num_slots=2, max_length=MAX_LEN)
     for prompt, sample in zip(prompts, samples):
-        seq = list(prompt)
-        for token, logprob in zip(sample.tokens, sample.logprobs):
-            np.testing.assert_allclose(logprob, log_softmax(full_forward_next_logits(model, seq))[token],
-                                       atol=ATOL, rtol=0)
-            seq.append(token)
+        logits = scored_by_one_forward(model, prompt, sample.tokens)
+        for token, logprob, row in zip(sample.tokens, sample.logprobs, logits):
+            np.testing.assert_allclose(logprob, log_softmax(row)[token], atol=ATOL, rtol=0)
         np.testing.assert_allclose(sample.sampling_logprobs, sample.logprobs, atol=1e-6, rtol=0)
 
 
@@ -104,7 +111,7 @@ def test_request_is_independent_of_slots_neighbours_and_order(model):
     for i in (0, 1, 2):
         alone.update(_run(model, [request(i)], num_slots=1)[0])
     together, _ = _run(model, [request(i) for i in range(6)], num_slots=2)
-    shuffled, _ = _run(model, [request(i) for i in (5, 2, 3, 0, 4, 1)], num_slots=3, steps_per_sync=3)
+    shuffled, _ = _run(model, [request(i) for i in (5, 2, 3, 0, 4, 1)], num_slots=4)
     for rid, ref in alone.items():
         for other in (together[rid], shuffled[rid]):
             assert other.tokens == ref.tokens
@@ -132,9 +139,10 @@ def test_stop_tokens_budgets_and_finish_reasons(model):
     assert budget.tokens == free.tokens[:5] and budget.finish_reason == "length"
     one = generate(model, [prompt], max_new_tokens=1, temperature=0.0, max_length=MAX_LEN)[0]
     assert one.tokens == free.tokens[:1] and one.finish_reason == "length"
-    # max_length caps prompt + generated: 10 + 4 = 14
-    capped = generate(model, [prompt], max_new_tokens=12, temperature=0.0, max_length=14)[0]
-    assert capped.tokens == free.tokens[:4] and capped.finish_reason == "length"
+    # max_length caps prompt + generated: 30 + 18 = MAX_LEN
+    long_prompt = prompts_of((30,), seed=3)[0]
+    capped = generate(model, [long_prompt], max_new_tokens=25, temperature=0.0, max_length=MAX_LEN)[0]
+    assert len(capped.tokens) == MAX_LEN - 30 and capped.finish_reason == "length"
     with pytest.raises(ValueError, match="leaves no room"):
         generate(model, [prompt], max_new_tokens=3, max_length=10)
 
@@ -155,32 +163,41 @@ def test_mixed_budgets_and_stops_in_one_batch(model):
             assert results[i].tokens == ref[:3 + 2 * i] and results[i].finish_reason == "length"
 
 
+def nucleus(logits: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
+    """Naive reference set: the k most likely tokens, then the shortest prefix whose mass reaches p."""
+    order = np.argsort(-logits)
+    allowed = order[:top_k] if top_k else order
+    probs = np.exp(log_softmax(logits[allowed]))
+    return allowed[:int(np.sum(np.cumsum(probs) - probs < top_p))]
+
+
+TEMPERATURE = 1.3
+
+
 @pytest.mark.parametrize("top_k,top_p", [(2, 1.0), (0, 0.5), (3, 0.7)])
 def test_top_k_top_p_tokens_lie_in_the_allowed_set(peaked_model, top_k, top_p):
     prompts = prompts_of((5, 8, 3, 12), seed=5)
-    samples = generate(peaked_model, prompts, max_new_tokens=10, temperature=1.3, top_k=top_k, top_p=top_p,
+    samples = generate(peaked_model, prompts, max_new_tokens=10, temperature=TEMPERATURE, top_k=top_k, top_p=top_p,
                        seed=1, num_slots=4, max_length=MAX_LEN)
-    outside_unfiltered = 0
     for prompt, sample in zip(prompts, samples):
-        seq = list(prompt)
-        for token in sample.tokens:
-            logits = full_forward_next_logits(peaked_model, seq) / 1.3
-            order = np.argsort(-logits)
-            allowed = order[:top_k] if top_k else order
-            probs = np.exp(log_softmax(logits[allowed]))
-            allowed = allowed[:int(np.sum(np.cumsum(probs) - probs < top_p))]
-            assert token in allowed
-            seq.append(token)
-    # control: without filtering the same seeds leave those sets (so the assertion above can fail)
-    free = generate(peaked_model, prompts, max_new_tokens=10, temperature=1.3, seed=1, num_slots=4,
-                    max_length=MAX_LEN)
-    for prompt, sample in zip(prompts, free):
-        seq = list(prompt)
-        for token in sample.tokens:
-            logits = full_forward_next_logits(peaked_model, seq)
-            outside_unfiltered += token not in np.argsort(-logits)[:2]
-            seq.append(token)
-    assert outside_unfiltered > 0
+        logits = scored_by_one_forward(peaked_model, prompt, sample.tokens) / TEMPERATURE
+        for token, row in zip(sample.tokens, logits):
+            assert token in nucleus(row, top_k, top_p)
+
+
+def test_unfiltered_sampling_leaves_those_sets(peaked_model):
+    """Control for the test above: the same prompts and seed without filtering draw tokens outside the top 2 and
+    outside the p = 0.5 nucleus, so a sampler that ignored top_k / top_p would fail it."""
+    prompts = prompts_of((5, 8, 3, 12), seed=5)
+    samples = generate(peaked_model, prompts, max_new_tokens=10, temperature=TEMPERATURE, seed=1, num_slots=4,
+                       max_length=MAX_LEN)
+    outside_top2 = outside_nucleus = 0
+    for prompt, sample in zip(prompts, samples):
+        logits = scored_by_one_forward(peaked_model, prompt, sample.tokens) / TEMPERATURE
+        for token, row in zip(sample.tokens, logits):
+            outside_top2 += token not in nucleus(row, 2, 1.0)
+            outside_nucleus += token not in nucleus(row, 0, 0.5)
+    assert outside_top2 > 0 and outside_nucleus > 0
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -202,13 +219,11 @@ def test_continuation_with_kept_cache_equals_reprefill_and_full_forward(model, t
     np.testing.assert_allclose(turn2.logprobs, turn2_b.logprobs, atol=ATOL, rtol=0)
     assert turn2.history == prompt + turn1.tokens + observation + turn2.tokens
     assert reprefill - kept_prefill == len(prompt) + len(turn1.tokens) - 1  # history not recomputed
-    seq = prompt + turn1.tokens + observation
-    for token, logprob in zip(turn2.tokens, turn2.logprobs):
-        logits = full_forward_next_logits(model, seq)
+    logits = scored_by_one_forward(model, prompt + turn1.tokens + observation, turn2.tokens)
+    for token, logprob, row in zip(turn2.tokens, turn2.logprobs, logits):
         if temperature == 0.0:
-            assert token == int(np.argmax(logits))
-        np.testing.assert_allclose(logprob, log_softmax(logits)[token], atol=ATOL, rtol=0)
-        seq.append(token)
+            assert token == int(np.argmax(row))
+        np.testing.assert_allclose(logprob, log_softmax(row)[token], atol=ATOL, rtol=0)
 
 
 def test_parked_slot_is_not_reused_and_release_frees_it(model):
@@ -238,9 +253,8 @@ def test_continuous_batching_refills_slots_and_matches_static_batch(model):
     prompts = prompts_of((4,) * 8, seed=8)
     budgets = [4, 12, 4, 12, 4, 12, 4, 12]
     requests = [Request(i, prompts[i], max_new_tokens=budgets[i], seed=1) for i in range(8)]
-    cont, cont_engine = _run(model, requests, num_slots=2, steps_per_sync=1)
-    static, static_engine = _run(model, requests, num_slots=2, steps_per_sync=1)
-    static_engine = Engine(model, num_slots=2, max_length=MAX_LEN, steps_per_sync=1, refill=False)
+    cont, cont_engine = _run(model, requests, num_slots=2)
+    static_engine = Engine(model, num_slots=2, max_length=MAX_LEN, refill=False)
     for r in requests:
         static_engine.submit(r)
     static = static_engine.run()
@@ -249,6 +263,6 @@ def test_continuous_batching_refills_slots_and_matches_static_batch(model):
         assert cont[i].tokens == static[i].tokens
     c, s = cont_engine.stats(), static_engine.stats()
     assert c["generated_tokens"] == s["generated_tokens"] == sum(budgets)
-    # static: each pair waits for its 12-token member -> 4 x 11 decode steps; refill packs them tighter
-    assert s["decode_steps"] == 44 and c["decode_steps"] < s["decode_steps"]
+    # static: each pair waits for its 12-token member: 11 decode steps after the prefill, two 8-step chunks
+    assert s["decode_steps"] == 4 * 16 and c["decode_steps"] < s["decode_steps"]
     assert c["slot_occupancy"] > s["slot_occupancy"]

@@ -10,7 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mercury_jax.rollout.sampling import filter_logits, sample_tokens, token_keys
+from mercury_jax.rollout import sampling
+from mercury_jax.rollout.sampling import filter_logits
+
+sample_tokens = jax.jit(sampling.sample_tokens)
+token_keys = jax.jit(sampling.token_keys)
+N_DRAWS = 20000  # one shape for every many-draw test: one compilation
 
 
 def allowed_set(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> set[int]:
@@ -59,20 +64,20 @@ def test_rows_use_their_own_parameters():
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 3, 1.0), (1.0, 0, 0.6), (1.5, 4, 0.8)])
 def test_sampled_tokens_lie_in_the_allowed_set_and_cover_it(temperature, top_k, top_p):
-    n = 2000
+    n = N_DRAWS
     keys = token_keys(jnp.zeros(n, jnp.int32), jnp.full(n, 3), jnp.arange(n))
     logits = jnp.broadcast_to(jnp.asarray(LOGITS), (n, len(LOGITS)))
     tokens, _, sampling_lp = sample_tokens(logits, keys, jnp.full(n, temperature), jnp.full(n, top_k),
                                            jnp.full(n, top_p))
     allowed = allowed_set(LOGITS, temperature, top_k, top_p)
     drawn = set(np.asarray(tokens).tolist())
-    assert drawn == allowed  # never outside; with 2000 draws every kept token (p >= 1%) shows up
+    assert drawn == allowed  # never outside; with 20k draws every kept token (p >= 1%) shows up
     assert np.all(np.isfinite(np.asarray(sampling_lp)))
 
 
 def test_frequencies_follow_the_tempered_distribution():
     """Temperature 2 sampling frequencies vs softmax(logits / 2); 20k draws, 4-sigma bound per token."""
-    n = 20000
+    n = N_DRAWS
     keys = token_keys(jnp.full(n, 5), jnp.zeros(n, jnp.int32), jnp.arange(n))
     tokens, _, _ = sample_tokens(jnp.broadcast_to(jnp.asarray(LOGITS), (n, 10)), keys, jnp.full(n, 2.0),
                                  jnp.zeros(n, jnp.int32), jnp.ones(n))

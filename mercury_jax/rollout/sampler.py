@@ -6,8 +6,9 @@ budget, request id, seed, sampling parameters and stop ids. Two compiled functio
 
 - `prefill`: feed a (bucketed, right-padded) token run into ONE slot and sample that request's first token.
   The slot's row is taken out of the batched cache (or a fresh empty row for a new sequence), advanced by a
-  1-row `model.extend`, and scattered back at the slot index. Cost is that of the row alone, and the other
-  slots' rows are copied through untouched. A continuation ("append observation tokens, then generate") is the
+  1-row `model.extend`, and scattered back at the slot index (three jitted calls: take, prefill the row,
+  commit; the middle one, which holds the model, does not depend on the number of slots, so it compiles once
+  per bucket length). Compute is that of the row alone; the other slots' rows are not touched. A continuation ("append observation tokens, then generate") is the
   same call without the reset: the row keeps its history and only the new tokens are computed.
 - `decode`: `num_steps` decode steps for all slots in one `lax.scan` (T = 1 extends). Inactive slots run with
   length 0, which leaves their cache row unchanged (attention writes are dropped, GDN state and conv window
@@ -26,7 +27,7 @@ from flax import nnx
 from mercury_jax.rollout.sampling import sample_tokens, token_keys
 
 MAX_STOP_IDS = 8
-MIN_BUCKET = 8
+MIN_BUCKET = 16
 
 
 def slot_axis(path) -> int:
@@ -99,8 +100,11 @@ class Sampler:
         request = {"reset": jnp.asarray(reset), "limit": jnp.int32(limit), "request_id": jnp.int32(request_id),
                    "seed": jnp.int32(seed), "temperature": jnp.float32(temperature), "top_k": jnp.int32(top_k),
                    "top_p": jnp.float32(top_p), "stop_ids": stops}
-        return _prefill_jit(self.graphdef, self.max_length, self.params, state, jnp.int32(slot), ids,
-                            jnp.int32(len(tokens)), request)
+        slot = jnp.int32(slot)
+        row = _take_row_jit(state["cache"], slot)
+        row, first = _prefill_row_jit(self.graphdef, self.max_length, self.params, row, ids, jnp.int32(len(tokens)),
+                                      request)
+        return _commit_row_jit(state, row, slot, first, request), first
 
     def decode(self, state: dict, num_steps: int):
         """`num_steps` decode steps for every active slot. Returns (state, outputs) with outputs
@@ -113,11 +117,12 @@ def _finished(token, num_generated, limit, stop_ids):
     return jnp.any(token[..., None] == stop_ids, axis=-1) | (num_generated >= limit)
 
 
-def _prefill(graphdef, max_length, params, state, slot, ids_1xT, length, request):
+def _prefill_row(graphdef, max_length, params, row, ids_1xT, length, request):
+    """Advance one slot's 1-row cache by the real `length` tokens of `ids_1xT` and sample the first new token.
+    Independent of the number of slots, so one compilation per bucket serves every engine."""
     model = nnx.merge(graphdef, params)
-    cache = state["cache"]
     fresh = model.init_cache(1, max_length)
-    row = jax.tree.map(lambda f, r: jnp.where(request["reset"], f, r), fresh, take_row(cache, slot))
+    row = jax.tree.map(lambda f, r: jnp.where(request["reset"], f, r), fresh, row)
     logits_1xTxV, row = model.extend(ids_1xT, row, length[None])
     last_logits_1xV = jax.lax.dynamic_index_in_dim(logits_1xTxV[0], length - 1, axis=0, keepdims=True)
     one = lambda x: jnp.asarray(x)[None]
@@ -126,14 +131,20 @@ def _prefill(graphdef, max_length, params, state, slot, ids_1xT, length, request
                                                      one(request["top_k"]), one(request["top_p"]))
     token, logprob, sampling_logprob = token[0], logprob[0], sampling_logprob[0]
     done = _finished(token, 1, request["limit"], request["stop_ids"])
+    return row, (token, logprob, sampling_logprob, done)
+
+
+def _commit_row(state, row, slot, first, request):
+    """Scatter the prefilled row back into the batched cache and record the slot's new request."""
+    token, _, _, done = first
     new_state = dict(state)
-    new_state["cache"] = put_row(cache, row, slot)
+    new_state["cache"] = put_row(state["cache"], row, slot)
     updates = {"last_token": token, "active": ~done, "num_generated": jnp.int32(1)}
     updates.update({k: request[k] for k in ("limit", "request_id", "seed", "temperature", "top_k", "top_p",
                                             "stop_ids")})
     for name, value in updates.items():
         new_state[name] = state[name].at[slot].set(value)
-    return new_state, (token, logprob, sampling_logprob, done)
+    return new_state
 
 
 def _decode(graphdef, params, state, num_steps):
@@ -156,5 +167,7 @@ def _decode(graphdef, params, state, num_steps):
 
 
 # Module-level so every Sampler with the same model structure and shapes shares the compiled code.
-_prefill_jit = jax.jit(_prefill, static_argnums=(0, 1), donate_argnums=(3,))
+_take_row_jit = jax.jit(take_row)
+_prefill_row_jit = jax.jit(_prefill_row, static_argnums=(0, 1), donate_argnums=(3,))
+_commit_row_jit = jax.jit(_commit_row, donate_argnums=(0,))
 _decode_jit = jax.jit(_decode, static_argnums=(0, 3), donate_argnums=(2,))
