@@ -83,7 +83,8 @@ class BrowseEpisode(Episode):
         from mercury_jax.envs.browse.tasks import corpus_of
         from mercury_jax.envs.browse.tools import BrowseIndex, browse_tools
 
-        return browse_tools(BrowseIndex(corpus_of(self.task)))
+        tools = browse_tools(BrowseIndex(corpus_of(self.task)))
+        return {name: tools[name] for name in self.task["tool_names"]}
 
     def grade(self, final_answer_text: str, transcript: Sequence[Mapping] | None = None) -> dict:
         return grade_browse(self.task, final_answer_text, self.messages if transcript is None else transcript)

@@ -1,4 +1,4 @@
-"""Two- and three-tool templates for the tiny preset (CPU demos: a whole oracle trajectory in ~512 tokens).
+"""Two-tool templates for the tiny preset (CPU demos: a whole oracle trajectory in ~512 tokens).
 
 Same contract as the full templates (hard split, required and forbidden effects), fewer lookups and writes.
 """
@@ -21,40 +21,37 @@ def tiny_delete_phishing(v: View, rng: random.Random) -> Draft | None:
 
 
 def tiny_close_ticket(v: View, rng: random.Random) -> Draft | None:
-    accounts = [a for a in v.db["accounts"].values() if len(v.of_account("tickets", a["id"])) == 1
-                and v.of_account("tickets", a["id"])[0]["status"] != "closed"]
-    if not accounts:
+    from mercury_jax.envs.enterprise.templates_customer import PARAPHRASE
+
+    open_tickets = [t for t in v.db["tickets"].values() if t["status"] == "open"]
+    titles = [t["title"] for t in open_tickets]
+    options = [t for t in open_tickets if titles.count(t["title"]) == 1]
+    if not options:
         return None
-    account = rng.choice(accounts)
-    ticket = v.of_account("tickets", account["id"])[0]
+    ticket = rng.choice(options)
     return Draft(
-        "tiny_close_ticket", v.head("Support")["id"], f"Close the ticket of our {account['industry']} customer.",
-        [step("search_accounts", query=account["industry"]), step("search_tickets", account_id=account["id"]),
-         step("update_ticket", ticket_id=ticket["id"], status="closed")],
+        "tiny_close_ticket", v.head("Support")["id"], f"Close the open ticket where {PARAPHRASE[ticket['title']]}.",
+        [step("search_tickets", status="open"), step("update_ticket", ticket_id=ticket["id"], status="closed")],
         [equals("tickets", ticket["id"], "status", "closed", f"ticket {ticket['id']} is closed")],
-        [unchanged("tickets", t["id"], f"ticket {t['id']} is left alone") for t in v.db["tickets"].values()
+        [unchanged("tickets", t["id"], f"ticket {t['id']} is left alone") for t in open_tickets
          if t["id"] != ticket["id"]][:2],
-        [["tickets", ticket["id"]], ["accounts", account["id"]]], f"Closed {ticket['id']}.",
-        [mentions(ticket["id"], "the reply names the ticket")])
+        [["tickets", ticket["id"]]], f"Closed {ticket['id']}.", [mentions(ticket["id"], "the reply names the ticket")])
 
 
 def tiny_deal_stage(v: View, rng: random.Random) -> Draft | None:
-    accounts = [a for a in v.db["accounts"].values() if len(v.of_account("deals", a["id"])) == 1]
-    if not accounts:
+    deals = list(v.db["deals"].values())
+    amounts = [d["amount"] for d in deals]
+    options = [d for d in deals if amounts.count(d["amount"]) == 1]
+    if not options:
         return None
-    account = rng.choice(accounts)
-    deal = v.of_account("deals", account["id"])[0]
+    deal = rng.choice(options)
     stage = rng.choice([s for s in ("proposal", "negotiation", "closed_won") if s != deal["stage"]])
     return Draft(
-        "tiny_deal_stage", account["owner_id"],
-        f"Set the deal of our {account['industry']} customer to {stage.replace('_', ' ')}.",
-        [step("search_accounts", query=account["industry"]), step("list_deals", account_id=account["id"]),
-         step("update_deal", deal_id=deal["id"], stage=stage)],
+        "tiny_deal_stage", deal["owner_id"], f"Set the deal worth {deal['amount']} to {stage.replace('_', ' ')}.",
+        [step("list_deals"), step("update_deal", deal_id=deal["id"], stage=stage)],
         [equals("deals", deal["id"], "stage", stage, f"deal {deal['id']} is at {stage}")],
-        [unchanged("deals", d["id"], f"deal {d['id']} is left alone") for d in v.db["deals"].values()
-         if d["id"] != deal["id"]][:2],
-        [["deals", deal["id"]], ["accounts", account["id"]]], f"Deal {deal['id']} is now {stage}.",
-        [mentions(deal["id"], "the reply names the deal")])
+        [unchanged("deals", d["id"], f"deal {d['id']} is left alone") for d in deals if d["id"] != deal["id"]][:2],
+        [["deals", deal["id"]]], f"Deal {deal['id']} is now {stage}.", [mentions(deal["id"], "the reply names the deal")])
 
 
 TEMPLATES = {f.__name__: f for f in (tiny_delete_phishing, tiny_close_ticket, tiny_deal_stage)}
