@@ -20,6 +20,8 @@ the scanned blocks first, so their slot axis is 1 (`slot_axis`).
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -66,6 +68,7 @@ class Sampler:
         self.num_slots, self.max_length = num_slots, max_length
         self.graphdef, self.params = nnx.split(model)
         self._init_cache = model.init_cache
+        self._prefill_row, self._decode = _compiled(self.graphdef, max_length)  # hashes the graphdef once
 
     def update_weights(self, model: nnx.Module) -> None:
         self.params = nnx.state(model)
@@ -102,14 +105,13 @@ class Sampler:
                    "top_p": jnp.float32(top_p), "stop_ids": stops}
         slot = jnp.int32(slot)
         row = _take_row_jit(state["cache"], slot)
-        row, first = _prefill_row_jit(self.graphdef, self.max_length, self.params, row, ids, jnp.int32(len(tokens)),
-                                      request)
+        row, first = self._prefill_row(self.params, row, ids, jnp.int32(len(tokens)), request)
         return _commit_row_jit(state, row, slot, first, request), first
 
     def decode(self, state: dict, num_steps: int):
         """`num_steps` decode steps for every active slot. Returns (state, outputs) with outputs
         {"token", "logprob", "sampling_logprob", "emitted"}: [num_steps, num_slots] each."""
-        return _decode_jit(self.graphdef, self.params, state, num_steps)
+        return self._decode(self.params, state, num_steps)
 
 
 def _finished(token, num_generated, limit, stop_ids):
@@ -166,8 +168,14 @@ def _decode(graphdef, params, state, num_steps):
     return jax.lax.scan(step, state, None, length=num_steps)
 
 
-# Module-level so every Sampler with the same model structure and shapes shares the compiled code.
+# Shared by every Sampler with the same model structure and shapes, so engines reuse compiled code. The model's
+# graphdef is bound here, once, rather than passed as a static argument: hashing it costs ~1 ms per call.
 _take_row_jit = jax.jit(take_row)
-_prefill_row_jit = jax.jit(_prefill_row, static_argnums=(0, 1), donate_argnums=(3,))
 _commit_row_jit = jax.jit(_commit_row, donate_argnums=(0,))
-_decode_jit = jax.jit(_decode, static_argnums=(0, 3), donate_argnums=(2,))
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled(graphdef, max_length: int):
+    prefill_row = jax.jit(functools.partial(_prefill_row, graphdef, max_length), donate_argnums=(1,))
+    decode = jax.jit(functools.partial(_decode, graphdef), static_argnums=(2,), donate_argnums=(1,))
+    return prefill_row, decode
