@@ -94,6 +94,18 @@ def test_sampled_logprobs_match_full_forward(model):
         np.testing.assert_allclose(sample.sampling_logprobs, sample.logprobs, atol=1e-6, rtol=0)
 
 
+def test_token_i_of_request_r_is_drawn_with_its_own_key(model):
+    """The RNG contract: token i of request r (seed s) is categorical(fold_in(fold_in(PRNGKey(s), r), i), logits),
+    whatever the slot or the step at which it was drawn."""
+    prompts = prompts_of((6, 4, 9), seed=10)
+    samples = generate(model, prompts, max_new_tokens=12, seed=7, num_slots=2, max_length=MAX_LEN)
+    for r, (prompt, sample) in enumerate(zip(prompts, samples)):
+        logits = scored_by_one_forward(model, prompt, sample.tokens)
+        for i, (token, row) in enumerate(zip(sample.tokens, logits)):
+            key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(7), r), i)
+            assert token == int(jax.random.categorical(key, jnp.asarray(row)))
+
+
 def _run(model, requests, *, num_slots, steps_per_sync=8, max_length=MAX_LEN):
     engine = Engine(model, num_slots=num_slots, max_length=max_length, steps_per_sync=steps_per_sync)
     for r in requests:
@@ -247,6 +259,8 @@ def test_parked_slot_is_not_reused_and_release_frees_it(model):
     assert 5 in engine.parked
     engine.release(5)
     assert not engine.parked
+    with pytest.raises(ValueError, match="already in use"):
+        engine.submit(Request(3, [1], max_new_tokens=1))
 
 
 def test_continuous_batching_refills_slots_and_matches_static_batch(model):

@@ -92,6 +92,11 @@ class Engine:
         self.sampler.update_weights(model)
 
     def submit(self, request: Request) -> None:
+        rid = request.request_id
+        if rid in self.results or any(r.request_id == rid for r in self.queue) or any(
+                s is not None and s.request.request_id == rid for s in self.slots):
+            raise ValueError(f"request id {rid} is already in use; request ids key results and sampling keys, so "
+                             "each request needs its own")
         if request.max_new_tokens < 1:
             raise ValueError(f"request {request.request_id}: max_new_tokens must be >= 1, got {request.max_new_tokens}")
         if request.continue_from is None and not request.prompt:
