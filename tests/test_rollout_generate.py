@@ -280,3 +280,27 @@ def test_continuous_batching_refills_slots_and_matches_static_batch(model):
     # static: each pair waits for its 12-token member: 11 decode steps after the prefill, two 8-step chunks
     assert s["decode_steps"] == 4 * 16 and c["decode_steps"] < s["decode_steps"]
     assert c["slot_occupancy"] > s["slot_occupancy"]
+
+
+def test_weights_update_between_chunks_is_used_and_recorded(model):
+    """Tokens after `update_weights` come from the new weights (greedy = argmax of the new model's forward, log-probs
+    its log-softmax) and carry the new policy version; tokens before keep the old one."""
+    prompt = prompts_of((7,), seed=11)[0]
+    new_model = nnx.clone(model)
+    new_model.lm_head[...] = new_model.lm_head[...][:, ::-1] * 3.0  # other argmax, other log-probs
+    engine = Engine(model, num_slots=2, max_length=MAX_LEN, steps_per_sync=8)
+    engine.submit(Request(0, prompt, max_new_tokens=20, temperature=0.0))
+    assert engine.step()  # prefill (1 token) + one 8-step chunk
+    engine.update_weights(new_model, version=5)
+    sample = engine.run()[0]
+    assert sample.policy_versions == [0] * 9 + [5] * 11 and sample.policy_version == 0
+    old = scored_by_one_forward(model, prompt, sample.tokens)
+    new = scored_by_one_forward(new_model, prompt, sample.tokens)
+    assert any(int(np.argmax(o)) != int(np.argmax(n)) for o, n in zip(old[9:], new[9:]))
+    for i, token in enumerate(sample.tokens):
+        logits = old[i] if i < 9 else new[i]
+        assert token == int(np.argmax(logits))
+        np.testing.assert_allclose(sample.logprobs[i], log_softmax(logits)[token], atol=ATOL, rtol=0)
+    with pytest.raises(ValueError, match="same structure"):
+        engine.update_weights(Qwen35MoeForCausalLM(C.tiny(vocab_size=VOCAB, num_hidden_layers=4),
+                                                   rngs=nnx.Rngs(0)))

@@ -36,11 +36,11 @@ def decode_rates(model, *, batch: int, prompt_len: int, new: int) -> list[list]:
     def cached():
         state = sampler.init_state()
         for b in range(batch):
-            state, _ = sampler.prefill(state, b, prompts[b].tolist(), reset=True, limit=new, request_id=b, seed=0,
+            state, _, _ = sampler.prefill(state, b, prompts[b].tolist(), reset=True, limit=new, request_id=b, seed=0,
                                        temperature=0.0, top_k=0, top_p=1.0)
         jax.block_until_ready(state)
         start = time.perf_counter()
-        state, out = sampler.decode(state, new - 1)
+        state, out, _ = sampler.decode(state, new - 1)
         jax.block_until_ready(out)
         return time.perf_counter() - start, np.asarray(out["token"]).T
 

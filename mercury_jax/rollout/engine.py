@@ -49,13 +49,20 @@ class Sample:
     """A finished generation. `logprobs[i]` = log_softmax(logits)[tokens[i]] at temperature 1 (the behaviour
     policy's log-prob, `rollout_logprobs`); `sampling_logprobs[i]` = the log-prob under the temperature/top-k/top-p
     distribution it was drawn from (0 for greedy). `history` is the whole sequence: prompt (with all earlier turns
-    for a continuation) + tokens."""
+    for a continuation) + tokens. `policy_versions[i]` is the weights version that sampled tokens[i] (weights can
+    change between decode chunks: `Engine.update_weights`)."""
     request_id: int
     tokens: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" | "length"
     sampling_logprobs: list[float] = dataclasses.field(default_factory=list)
     history: list[int] = dataclasses.field(default_factory=list)
+    policy_versions: list[int] = dataclasses.field(default_factory=list)  # weights version per sampled token
+
+    @property
+    def policy_version(self) -> int:
+        """The oldest weights version that sampled any of `tokens` (-1 if none)."""
+        return min(self.policy_versions) if self.policy_versions else -1
 
 
 @dataclasses.dataclass
@@ -66,6 +73,7 @@ class _Running:
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     sampling_logprobs: list[float] = dataclasses.field(default_factory=list)
+    policy_versions: list[int] = dataclasses.field(default_factory=list)
 
 
 class Engine:
@@ -75,8 +83,8 @@ class Engine:
     """
 
     def __init__(self, model: nnx.Module, *, num_slots: int, max_length: int, steps_per_sync: int = 8,
-                 refill: bool = True):
-        self.sampler = Sampler(model, num_slots=num_slots, max_length=max_length)
+                 refill: bool = True, policy_version: int = 0):
+        self.sampler = Sampler(model, num_slots=num_slots, max_length=max_length, policy_version=policy_version)
         self.num_slots, self.max_length = num_slots, max_length
         self.steps_per_sync, self.refill = steps_per_sync, refill
         self.state = self.sampler.init_state()
@@ -88,8 +96,14 @@ class Engine:
         self._prefill_tokens = 0
         self._seconds = 0.0
 
-    def update_weights(self, model: nnx.Module) -> None:
-        self.sampler.update_weights(model)
+    def update_weights(self, model: nnx.Module, version: int | None = None) -> None:
+        """New weights (same structure) from the next prefill / decode chunk on; in-flight requests continue with
+        them. `version` defaults to the current one + 1; every token records the version that sampled it."""
+        self.sampler.update_weights(model, version)
+
+    @property
+    def policy_version(self) -> int:
+        return self.sampler.policy_version
 
     def submit(self, request: Request) -> None:
         rid = request.request_id
@@ -115,17 +129,24 @@ class Engine:
 
     def run(self) -> dict[int, Sample]:
         """Run until the queue is empty and every slot is idle. Returns all results so far (by request id)."""
-        start = time.perf_counter()
-        while True:
-            self._admit()
-            if not any(self.slots):
-                if self.queue:
-                    raise RuntimeError(f"{len(self.queue)} requests wait but every slot is parked by a keep_cache "
-                                       "request; continue or release() those sequences, or use more slots")
-                break
-            self._decode_chunk()
-        self._seconds += time.perf_counter() - start
+        while self.step():
+            pass
         return self.results
+
+    def step(self) -> bool:
+        """Admit queued requests into free slots, then run one decode chunk (`steps_per_sync` steps). Returns
+        whether work remains (queued or running requests). Finished samples appear in `results` as they end."""
+        start = time.perf_counter()
+        self._admit()
+        if not any(self.slots):
+            self._seconds += time.perf_counter() - start
+            if self.queue:
+                raise RuntimeError(f"{len(self.queue)} requests wait but every slot is parked by a keep_cache "
+                                   "request; continue or release() those sequences, or use more slots")
+            return False
+        self._decode_chunk()
+        self._seconds += time.perf_counter() - start
+        return bool(self.queue) or any(self.slots)
 
     def stats(self) -> dict:
         """Slot occupancy (busy slot-steps / all slot-steps of decode) and generated tokens per second."""
@@ -173,19 +194,19 @@ class Engine:
         if limit < 1:  # a continuation with no room left under max_length
             self._finish(running, "length", slot=None)
             return
-        self.state, first = self.sampler.prefill(
+        self.state, first, version = self.sampler.prefill(
             self.state, slot, feed, reset=not kept, limit=limit, request_id=request.request_id, seed=request.seed,
             temperature=request.temperature, top_k=request.top_k, top_p=request.top_p,
             stop_token_ids=request.stop_token_ids)
         self._prefill_tokens += len(feed)
         token, logprob, sampling_logprob, done = jax.device_get(first)
-        self._append(running, int(token), float(logprob), float(sampling_logprob))
+        self._append(running, int(token), float(logprob), float(sampling_logprob), version)
         self.slots[slot] = running
         if done:
             self._finish(running, self._reason(running), slot)
 
     def _decode_chunk(self) -> None:
-        self.state, out = self.sampler.decode(self.state, self.steps_per_sync)
+        self.state, out, version = self.sampler.decode(self.state, self.steps_per_sync)
         out = jax.device_get(out)
         emitted = np.asarray(out["emitted"])
         self._decode_steps += emitted.shape[0]
@@ -195,12 +216,13 @@ class Engine:
                 continue
             for step in np.nonzero(emitted[:, slot])[0]:
                 self._append(running, int(out["token"][step, slot]), float(out["logprob"][step, slot]),
-                             float(out["sampling_logprob"][step, slot]))
+                             float(out["sampling_logprob"][step, slot]), version)
             if self._is_done(running):
                 self._finish(running, self._reason(running), slot)
 
-    def _append(self, running: _Running, token: int, logprob: float, sampling_logprob: float) -> None:
+    def _append(self, running: _Running, token: int, logprob: float, sampling_logprob: float, version: int) -> None:
         running.tokens.append(token)
+        running.policy_versions.append(version)
         running.logprobs.append(logprob)
         running.sampling_logprobs.append(sampling_logprob)
         self._generated += 1
@@ -216,7 +238,7 @@ class Engine:
         request = running.request
         self.results[request.request_id] = Sample(
             request.request_id, running.tokens, running.logprobs, reason, running.sampling_logprobs,
-            running.history + running.tokens)
+            running.history + running.tokens, running.policy_versions)
         if slot is not None:
             self.slots[slot] = None
             if request.keep_cache:

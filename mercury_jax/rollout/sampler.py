@@ -61,17 +61,28 @@ def bucket_length(length: int, max_length: int) -> int:
 class Sampler:
     """Owns the compiled prefill/decode functions and the model weights they run with.
 
-    `update_weights(model)` swaps in new weights (same shapes) without recompiling.
+    `update_weights(model, version)` swaps in new weights (same structure and shapes) without recompiling; every
+    call reports the `policy_version` of the weights it ran with.
     """
 
-    def __init__(self, model: nnx.Module, *, num_slots: int, max_length: int):
+    def __init__(self, model: nnx.Module, *, num_slots: int, max_length: int, policy_version: int = 0):
         self.num_slots, self.max_length = num_slots, max_length
-        self.graphdef, self.params = nnx.split(model)
+        self.graphdef, params = nnx.split(model)
+        self._weights = (params, policy_version)  # one tuple, swapped whole: a call never mixes two versions
         self._init_cache = model.init_cache
         self._prefill_row, self._decode = _compiled(self.graphdef, max_length)  # hashes the graphdef once
 
-    def update_weights(self, model: nnx.Module) -> None:
-        self.params = nnx.state(model)
+    @property
+    def policy_version(self) -> int:
+        return self._weights[1]
+
+    def update_weights(self, model: nnx.Module, version: int | None = None) -> None:
+        """Sample with `model`'s weights from the next call on; `version` defaults to the current one + 1."""
+        graphdef, params = nnx.split(model)
+        if graphdef != self.graphdef:
+            raise ValueError("update_weights needs a model of the same structure as the sampler's (same config); "
+                             "build a new Sampler/Engine for a different model")
+        self._weights = (params, self.policy_version + 1 if version is None else version)
 
     def init_state(self) -> dict:
         S = self.num_slots
@@ -93,7 +104,8 @@ class Sampler:
                 seed: int, temperature: float, top_k: int, top_p: float, stop_token_ids=()):
         """Feed `tokens` into `slot` (after its history unless `reset`) and sample the first new token.
 
-        Returns (state, (token, logprob, sampling_logprob, done)) as device scalars; `state` is donated.
+        Returns (state, (token, logprob, sampling_logprob, done), policy_version): device scalars and the weights
+        version that sampled the token; `state` is donated.
         """
         if len(stop_token_ids) > MAX_STOP_IDS:
             raise ValueError(f"{len(stop_token_ids)} stop token ids given; the sampler holds at most {MAX_STOP_IDS}")
@@ -105,13 +117,16 @@ class Sampler:
                    "top_p": jnp.float32(top_p), "stop_ids": stops}
         slot = jnp.int32(slot)
         row = _take_row_jit(state["cache"], slot)
-        row, first = self._prefill_row(self.params, row, ids, jnp.int32(len(tokens)), request)
-        return _commit_row_jit(state, row, slot, first, request), first
+        params, version = self._weights
+        row, first = self._prefill_row(params, row, ids, jnp.int32(len(tokens)), request)
+        return _commit_row_jit(state, row, slot, first, request), first, version
 
     def decode(self, state: dict, num_steps: int):
-        """`num_steps` decode steps for every active slot. Returns (state, outputs) with outputs
+        """`num_steps` decode steps for every active slot. Returns (state, outputs, policy_version) with outputs
         {"token", "logprob", "sampling_logprob", "emitted"}: [num_steps, num_slots] each."""
-        return self._decode(self.params, state, num_steps)
+        params, version = self._weights
+        state, outputs = self._decode(params, state, num_steps)
+        return state, outputs, version
 
 
 def _finished(token, num_generated, limit, stop_ids):
