@@ -14,7 +14,18 @@ sequence `parent_id` with the observation and generates the next turn. If the pa
 continuation feeds only [parent's last sampled token] + observation tokens into that row: the history is never
 recomputed. Otherwise the continuation re-prefills the whole history (prompt + all turns + observation) into a
 free slot, costing a prefill over the full history per turn. A parked slot is unavailable to other requests until
-a continuation uses it (and parks it again if it also has keep_cache) or `release(parent_id)` frees it.
+a continuation uses it (and parks it again if it also has keep_cache) or `release(parent_id)` frees it. Several
+continuations of one parent are allowed (e.g. K samples from one state): the first takes the parked cache, the
+others re-prefill.
+
+    engine.submit(Request(1, prompt_ids, max_new_tokens=512, stop_token_ids=(im_end,), keep_cache=True))
+    engine.run()                                    # engine.results[1]: the first assistant turn
+    engine.submit(Request(2, observation_ids, max_new_tokens=512, stop_token_ids=(im_end,), continue_from=1,
+                          keep_cache=True))
+    engine.run()                                    # engine.results[2].history: the whole episode so far
+    engine.release(2)                               # episode over: free the slot
+
+Weights: `update_weights(model, version)` between `step()` calls; every sampled token records its version.
 """
 from __future__ import annotations
 
@@ -182,13 +193,13 @@ class Engine:
     def _start(self, request: Request, slot: int, *, kept: bool) -> None:
         """Prefill `request` into `slot` (`kept`: the slot holds the parent's cache); finishes it at once if its
         first token ends it."""
-        history = list(request.prompt)
-        feed = history
+        prompt = [int(t) for t in request.prompt]
+        history = feed = prompt
         if request.continue_from is not None:
             parent = self.results[request.continue_from]
-            history = parent.history + list(request.prompt)
+            history = parent.history + prompt
             # the parent's last sampled token was never fed to the model: it leads the appended tokens
-            feed = [parent.history[-1]] + list(request.prompt) if kept else history
+            feed = [parent.history[-1]] + prompt if kept else history
         limit = min(request.max_new_tokens, self.max_length - len(history))
         running = _Running(request, history, limit)
         if limit < 1:  # a continuation with no room left under max_length
