@@ -19,7 +19,7 @@ from models.qwen35_moe import Qwen35MoeForCausalLM
 from models.qwen35_moe import config as C
 
 ATOL = 1e-5
-VOCAB = 64
+VOCAB = 80  # differs from the hidden size (64), so a [1, T, V] array is recognisable by shape
 MAX_LEN = 48  # one cache shape for most tests keeps the number of compilations down
 
 
@@ -304,3 +304,23 @@ def test_weights_update_between_chunks_is_used_and_recorded(model):
     with pytest.raises(ValueError, match="same structure"):
         engine.update_weights(Qwen35MoeForCausalLM(C.tiny(vocab_size=VOCAB, num_hidden_layers=4),
                                                    rngs=nnx.Rngs(0)))
+
+
+def test_prefill_never_builds_logits_for_every_prompt_position(model):
+    """The prefill keeps only the last real position's logits: no [1, T, V] array in its compiled program (a
+    16k-token prompt with the real 248k vocabulary would make that 16 GB)."""
+    from mercury_jax.rollout.sampler import Sampler, _take_row_jit
+
+    sampler = Sampler(model, num_slots=2, max_length=MAX_LEN)
+    state = sampler.init_state()
+    row = _take_row_jit(state["cache"], jnp.int32(0))
+    request = {"reset": jnp.asarray(True), "limit": jnp.int32(4), "request_id": jnp.int32(0), "seed": jnp.int32(0),
+               "temperature": jnp.float32(1.0), "top_k": jnp.int32(0), "top_p": jnp.float32(1.0),
+               "stop_ids": jnp.full((8,), -1, jnp.int32)}
+    ids = jnp.zeros((1, 32), jnp.int32)
+    params = sampler._weights[0]
+    text = sampler._prefill_row.lower(params, row, ids, jnp.int32(20), request).as_text()
+    assert f"tensor<1x32x{VOCAB}xf32>" not in text
+    assert f"tensor<1x{VOCAB}xf32>" in text  # control: the last position's logits are there
+    forward = jax.jit(lambda p, i: nnx.merge(sampler.graphdef, p)(i)).lower(params, ids).as_text()
+    assert f"tensor<1x32x{VOCAB}xf32>" in forward  # control: the pattern finds full logits where they exist

@@ -140,8 +140,11 @@ def _prefill_row(graphdef, max_length, params, row, ids_1xT, length, request):
     model = nnx.merge(graphdef, params)
     fresh = model.init_cache(1, max_length)
     row = jax.tree.map(lambda f, r: jnp.where(request["reset"], f, r), fresh, row)
-    logits_1xTxV, row = model.extend(ids_1xT, row, length[None])
-    last_logits_1xV = jax.lax.dynamic_index_in_dim(logits_1xTxV[0], length - 1, axis=0, keepdims=True)
+    # backbone + LM head on the last real position only: [T, V] fp32 logits of a long prompt never exist
+    # (`model.extend` would build them all; 16k tokens x 248k vocab is 16 GB)
+    hidden_1xTxH, row, _ = model.model(ids_1xT, cache=row, lengths_B=length[None])
+    last_hidden_1x1xH = jax.lax.dynamic_slice_in_dim(hidden_1xTxH, length - 1, 1, axis=1)
+    last_logits_1xV = model.logits(last_hidden_1x1xH)[:, 0]
     one = lambda x: jnp.asarray(x)[None]
     keys = token_keys(one(request["seed"]), one(request["request_id"]), jnp.zeros((1,), jnp.int32))
     token, logprob, sampling_logprob = sample_tokens(last_logits_1xV, keys, one(request["temperature"]),
