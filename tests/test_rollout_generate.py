@@ -147,6 +147,9 @@ def test_stop_tokens_budgets_and_finish_reasons(model):
     at_once = generate(model, [prompt], max_new_tokens=12, temperature=0.0, stop_token_ids=(free.tokens[0],),
                        max_length=MAX_LEN)[0]
     assert at_once.tokens == free.tokens[:1] and at_once.finish_reason == "stop"
+    # requests that all end at their first token, through one slot: the engine keeps admitting
+    firsts, _ = _run(model, [Request(i, prompt, max_new_tokens=1, temperature=0.0) for i in range(3)], num_slots=1)
+    assert [firsts[i].tokens for i in range(3)] == [free.tokens[:1]] * 3
     budget = generate(model, [prompt], max_new_tokens=5, temperature=0.0, max_length=MAX_LEN)[0]
     assert budget.tokens == free.tokens[:5] and budget.finish_reason == "length"
     one = generate(model, [prompt], max_new_tokens=1, temperature=0.0, max_length=MAX_LEN)[0]
@@ -261,6 +264,9 @@ def test_parked_slot_is_not_reused_and_release_frees_it(model):
     assert not engine.parked
     with pytest.raises(ValueError, match="already in use"):
         engine.submit(Request(3, [1], max_new_tokens=1))
+    assert engine.forget(3).tokens == direct.tokens and 3 not in engine.results
+    with pytest.raises(ValueError, match="not a finished"):
+        engine.submit(Request(6, [1], max_new_tokens=1, continue_from=3))
 
 
 def test_continuous_batching_refills_slots_and_matches_static_batch(model):

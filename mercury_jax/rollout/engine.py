@@ -130,13 +130,19 @@ class Engine:
             raise ValueError(f"request {request.request_id}: prompt of {len(request.prompt)} tokens leaves no room "
                              f"under max_length {self.max_length}; raise max_length or shorten the prompt")
         if request.continue_from is not None and request.continue_from not in self.results:
-            raise ValueError(f"request {request.request_id} continues {request.continue_from}, which has not finished "
-                             "(continue only from a finished request; run() it first)")
+            raise ValueError(f"request {request.request_id} continues {request.continue_from}, which is not a finished "
+                             "request of this engine (run() it first; a forget()-ten request cannot be continued)")
         self.queue.append(request)
 
     def release(self, request_id: int) -> None:
         """Free the parked slot of a finished `keep_cache` request (no continuation will follow)."""
         self.parked.pop(request_id, None)
+
+    def forget(self, request_id: int) -> Sample:
+        """Remove and return a finished result (and free its parked slot): a long-running worker calls this once
+        it has consumed a sample, so `results` does not grow without bound. It cannot be continued afterwards."""
+        self.release(request_id)
+        return self.results.pop(request_id)
 
     def run(self) -> dict[int, Sample]:
         """Run until the queue is empty and every slot is idle. Returns all results so far (by request id)."""
@@ -148,7 +154,8 @@ class Engine:
         """Admit queued requests into free slots, then run one decode chunk (`steps_per_sync` steps). Returns
         whether work remains (queued or running requests). Finished samples appear in `results` as they end."""
         start = time.perf_counter()
-        self._admit()
+        while self._admit() and not any(self.slots) and self.queue:
+            pass  # every admitted request ended at its first token: admit again before decoding
         if not any(self.slots):
             self._seconds += time.perf_counter() - start
             if self.queue:
@@ -173,26 +180,35 @@ class Engine:
         held = set(self.parked.values())
         return [s for s in range(self.num_slots) if self.slots[s] is None and s not in held]
 
-    def _admit(self) -> None:
+    def _admit(self) -> int:
+        """Start queued requests in free (or their parked) slots; returns how many were started."""
         if not self.refill and any(self.slots):
-            return
-        deferred = collections.deque()
+            return 0
+        deferred, started = collections.deque(), []
         while self.queue:
             request = self.queue.popleft()
             parent = request.continue_from
             if parent is not None and parent in self.parked:
-                self._start(request, self.parked.pop(parent), kept=True)
+                started.append(self._start(request, self.parked.pop(parent), kept=True))
                 continue
             free = self._free_slots()
             if not free:
                 deferred.append(request)
                 continue
-            self._start(request, free[0], kept=False)
+            started.append(self._start(request, free[0], kept=False))
         self.queue = deferred
+        # one host sync for all prefills of this round: they are dispatched back to back
+        started = [s for s in started if s is not None]
+        firsts = jax.device_get([first for _, _, first, _ in started])
+        for (slot, running, _, version), (token, logprob, sampling_logprob, done) in zip(started, firsts):
+            self._append(running, int(token), float(logprob), float(sampling_logprob), version)
+            if done:
+                self._finish(running, self._reason(running), slot)
+        return len(started)
 
-    def _start(self, request: Request, slot: int, *, kept: bool) -> None:
-        """Prefill `request` into `slot` (`kept`: the slot holds the parent's cache); finishes it at once if its
-        first token ends it."""
+    def _start(self, request: Request, slot: int, *, kept: bool):
+        """Dispatch the prefill of `request` into `slot` (`kept`: the slot holds the parent's cache). Returns
+        (slot, running, first-token device values, policy version), or None if the request ended without one."""
         prompt = [int(t) for t in request.prompt]
         history = feed = prompt
         if request.continue_from is not None:
@@ -204,17 +220,14 @@ class Engine:
         running = _Running(request, history, limit)
         if limit < 1:  # a continuation with no room left under max_length
             self._finish(running, "length", slot=None)
-            return
+            return None
         self.state, first, version = self.sampler.prefill(
             self.state, slot, feed, reset=not kept, limit=limit, request_id=request.request_id, seed=request.seed,
             temperature=request.temperature, top_k=request.top_k, top_p=request.top_p,
             stop_token_ids=request.stop_token_ids)
         self._prefill_tokens += len(feed)
-        token, logprob, sampling_logprob, done = jax.device_get(first)
-        self._append(running, int(token), float(logprob), float(sampling_logprob), version)
         self.slots[slot] = running
-        if done:
-            self._finish(running, self._reason(running), slot)
+        return slot, running, first, version
 
     def _decode_chunk(self) -> None:
         self.state, out, version = self.sampler.decode(self.state, self.steps_per_sync)
