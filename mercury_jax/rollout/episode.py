@@ -1,0 +1,302 @@
+"""The episode runner: many multi-turn tool episodes at once on one continuous-batching `Engine`.
+
+One episode (ENVIRONMENTS.md section 4; ALGORITHMS.md "Shared definitions"):
+
+    prompt = encode(render([system, user], tools, add_generation_prompt=True))
+    loop:  sample a turn (stops: <|im_end|>, <|endoftext|>)  ->  parse_assistant(text, tools)
+           no tool calls                      -> finish "answered"
+           tool calls, turn budget spent      -> finish "turn_budget" (the calls are not executed)
+           else execute each call through MCP (a call with parse errors is not executed: its error text is the
+           observation), append observation_ids, continue the same engine sequence (continue_from +
+           keep_cache: the history is never recomputed)
+    then   grade = ep.grade(final answer, transcript); multiplier = behaviour_multiplier(...);
+           reward = effects_fraction * multiplier
+
+Finish reasons: "answered"; "turn_budget" (a tool-calling turn after `max_tool_turns` executed tool turns; the
+model always gets a turn to answer after its last allowed tool turn); "token_budget" (the turn was cut by
+`max_total_tokens` / the engine's `max_length`, or an observation plus one sampled token would not fit: the
+observation is then not appended); "degenerate" (a turn cut by `max_turn_tokens` without a stop token, e.g.
+rambling inside `<think>`). "token_budget" and "degenerate" are truncations for the behaviour multiplier.
+
+Concurrency: each episode is a coroutine; `EpisodeRunner.drive()` is the one task that touches the engine. Episodes
+hand it requests and await futures; between decode chunks (run in a thread with `overlap=True`, so tool calls
+proceed meanwhile) the driver submits new requests and releases, resolves finished turns, and calls
+`before_step` (the worker applies published weights there). At most `engine.num_slots` episodes run at once
+(each holds one slot, running or parked), so a finished episode's slot goes straight to the next one.
+
+Determinism: turn k of episode e is request `e * request_stride + k` with the runner's seed, so an episode's
+tokens do not depend on which other episodes share the engine or when they arrive.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from mercury_jax.chat import observation_ids, parse_assistant, render
+from mercury_jax.chat.tokenizer import Tokenizer
+from mercury_jax.envs import BehaviourConfig, behaviour_multiplier, make_episode
+from mercury_jax.envs.behaviour import ANSWER_PATTERN
+from mercury_jax.rollout.engine import Request, Sample
+from mercury_jax.rollout.trajectory import Trajectory
+
+TRUNCATION = "truncated"  # the finish reason behaviour_multiplier treats as a budget cut
+
+
+@dataclasses.dataclass(frozen=True)
+class Budgets:
+    """Per-episode limits. `max_turn_tokens` None: a turn may use whatever is left of `max_total_tokens`."""
+    max_tool_turns: int = 20
+    max_total_tokens: int = 24576
+    max_turn_tokens: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+
+
+class EpisodeRunner:
+    """Runs episodes on `engine` (an `Engine`, or anything with its submit / step / results / release API)."""
+
+    def __init__(self, engine, tokenizer: Tokenizer, *, budgets: Budgets = Budgets(),
+                 sampling: SamplingParams = SamplingParams(), enable_thinking: bool = True,
+                 behaviour: BehaviourConfig = BehaviourConfig(), episode_factory: Callable[..., Any] = make_episode,
+                 call_timeout_s: float = 30.0, judge=None, overlap: bool = True,
+                 before_step: Callable[[], None] | None = None):
+        self.engine, self.tokenizer = engine, tokenizer
+        self.budgets, self.sampling, self.enable_thinking = budgets, sampling, enable_thinking
+        self.behaviour, self.episode_factory = behaviour, episode_factory
+        self.call_timeout_s, self.judge, self.overlap = call_timeout_s, judge, overlap
+        self.before_step = before_step
+        self.request_stride = budgets.max_tool_turns + 1  # tool turns + the answer turn
+        self.stop_token_ids = tuple(tokenizer.stop_token_ids)
+        self._futures: dict[int, asyncio.Future] = {}
+        self._inbox: list[Request] = []
+        self._releases: list[int] = []
+        self._wake: asyncio.Event | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self.episodes_started = self.episodes_finished = 0
+
+    # -- public API --
+
+    def run(self, tasks: Iterable[Mapping], *, first_episode_id: int = 0) -> list[Trajectory]:
+        """Run one episode per task (concurrently, refilling slots) and return their trajectories in task order."""
+        return asyncio.run(self.run_async(list(tasks), first_episode_id=first_episode_id))
+
+    async def run_async(self, tasks: list[Mapping], *, first_episode_id: int = 0) -> list[Trajectory]:
+        self._wake = self._slots = None  # asyncio primitives belong to one event loop
+        episodes = [asyncio.ensure_future(self.run_episode(task, first_episode_id + i)) for i, task in enumerate(tasks)]
+        driver = asyncio.ensure_future(self.drive(lambda: all(e.done() for e in episodes)))
+        try:
+            await asyncio.wait([driver, *episodes], return_when=asyncio.FIRST_EXCEPTION)
+            if driver.done() and driver.exception():
+                raise driver.exception()
+            return [e.result() for e in episodes]  # raises the first episode failure
+        finally:
+            for task in (driver, *episodes):
+                task.cancel()
+            await asyncio.gather(driver, *episodes, return_exceptions=True)
+
+    async def run_episode(self, task: Mapping, episode_id: int) -> Trajectory:
+        """One episode of `task`; its turns are requests episode_id * request_stride + k. Waits for a free slot."""
+        async with self._slot_semaphore():
+            self.episodes_started += 1
+            trajectory = await self._episode(task, episode_id)
+            self.episodes_finished += 1
+            return trajectory
+
+    async def drive(self, done: Callable[[], bool]) -> None:
+        """The engine loop: until `done()`, feed requests in, step the engine, hand finished turns out."""
+        wake = self._wake_event()
+        while not done():
+            self._sync()
+            if self._futures:
+                if self.overlap:
+                    await asyncio.to_thread(self.engine.step)
+                else:
+                    self.engine.step()
+                self._collect()
+                await asyncio.sleep(0)
+            else:
+                wake.clear()
+                try:
+                    await asyncio.wait_for(wake.wait(), timeout=0.05)
+                except asyncio.TimeoutError:
+                    pass
+
+    # -- one episode --
+
+    async def _episode(self, task: Mapping, episode_id: int) -> Trajectory:
+        budgets, tok = self.budgets, self.tokenizer
+        start = time.perf_counter()
+        timings = {"generate_s": 0.0, "tools_s": 0.0}
+        async with self.episode_factory(task, **self._episode_options()) as ep:
+            tools = await ep.tools()
+            prompt_messages = [{"role": "system", "content": task.get("system_prompt") or ""},
+                               {"role": "user", "content": task["user_prompt"]}]
+            if not prompt_messages[0]["content"]:
+                prompt_messages = prompt_messages[1:]
+            prompt = tok.encode(render(prompt_messages, tools, add_generation_prompt=True,
+                                       enable_thinking=self.enable_thinking))
+            traj = {"tokens": list(prompt), "action_mask": [0] * len(prompt), "rollout_logprobs": [0.0] * len(prompt),
+                    "policy_versions": [-1] * len(prompt)}
+            spans, texts, calls, results, format_errors = [], [], [], [], []
+            transcript = list(prompt_messages)
+            limit = min(budgets.max_total_tokens, getattr(self.engine, "max_length", budgets.max_total_tokens))
+            if len(prompt) >= limit:
+                raise ValueError(f"task {task.get('task_id')}: prompt of {len(prompt)} tokens leaves no room under "
+                                 f"the token budget {limit}")
+            feed, parent, tool_turns, finish, final_text, turn = prompt, None, 0, None, "", 0
+            last_request = None
+            try:
+                while finish is None:
+                    room = limit - len(traj["tokens"])
+                    max_new = room if budgets.max_turn_tokens is None else min(room, budgets.max_turn_tokens)
+                    request_id = episode_id * self.request_stride + turn
+                    t0 = time.perf_counter()
+                    sample = await self._generate(Request(
+                        request_id, feed, max_new_tokens=max_new, temperature=self.sampling.temperature,
+                        top_p=self.sampling.top_p, top_k=self.sampling.top_k, seed=self.sampling.seed,
+                        stop_token_ids=self.stop_token_ids, continue_from=parent, keep_cache=True))
+                    timings["generate_s"] += time.perf_counter() - t0
+                    last_request = request_id
+                    n = len(sample.tokens)
+                    spans.append((len(traj["tokens"]), len(traj["tokens"]) + n))
+                    traj["tokens"] += sample.tokens
+                    traj["action_mask"] += [1] * n
+                    traj["rollout_logprobs"] += [float(x) for x in sample.logprobs]
+                    traj["policy_versions"] += [int(v) for v in sample.policy_versions]
+                    text = tok.decode(sample.tokens)
+                    texts.append(text)
+                    parsed = parse_assistant(text, tools)
+                    transcript.append(parsed.to_message())
+                    if sample.finish_reason != "stop":
+                        format_errors.append(f"turn {turn}: cut off after {n} tokens without a stop token")
+                        finish = "token_budget" if n >= room else "degenerate"
+                        break
+                    format_errors += [f"turn {turn}: {e}" for e in parsed.errors]
+                    if not parsed.tool_calls:
+                        finish, final_text = "answered", parsed.content
+                        break
+                    if tool_turns >= budgets.max_tool_turns:
+                        finish = "turn_budget"
+                        break
+                    tool_turns += 1
+                    t0 = time.perf_counter()
+                    observed = []
+                    for call in parsed.tool_calls:
+                        calls.append({"turn": turn, "name": call.name, "arguments": dict(call.arguments),
+                                      "ok": call.ok})
+                        observation = await self._call(ep, call)
+                        observed.append(observation["text"])
+                        results.append({"turn": turn, **observation})
+                        transcript.append({"role": "tool", "name": call.name, "content": observation["text"]})
+                    timings["tools_s"] += time.perf_counter() - t0
+                    feed = observation_ids(tok, traj["tokens"], observed, enable_thinking=self.enable_thinking)
+                    if len(traj["tokens"]) + len(feed) + 1 > limit:
+                        finish = "token_budget"
+                        break
+                    traj["tokens"] += feed
+                    traj["action_mask"] += [0] * len(feed)
+                    traj["rollout_logprobs"] += [0.0] * len(feed)
+                    traj["policy_versions"] += [-1] * len(feed)
+                    parent, turn = request_id, turn + 1
+            finally:
+                if last_request is not None:
+                    self._release(last_request)
+            t0 = time.perf_counter()
+            grade = ep.grade(final_text, transcript)
+            timings["grade_s"] = time.perf_counter() - t0
+        answered_turn = next((i for i, t in enumerate(texts) if ANSWER_PATTERN.search(t.split("</think>", 1)[-1])),
+                             len(texts) - 1 if finish == "answered" else None)
+        truncated = finish in ("token_budget", "degenerate")
+        multiplier, parts = behaviour_multiplier(texts, finish_reason=TRUNCATION if truncated else finish,
+                                                 answered_turn=answered_turn, config=self.behaviour)
+        effects = float(grade["effects_fraction"])
+        timings["total_s"] = time.perf_counter() - start
+        return Trajectory(
+            task_id=str(task.get("task_id", "")), prompt_length=len(prompt), turn_spans=spans, tool_calls=calls,
+            tool_results=results, format_errors=format_errors, assistant_texts=texts, finish_reason=finish,
+            reward=effects * multiplier, timings=timings,
+            reward_parts={"effects_fraction": effects, "all_effects_pass": bool(grade["all_effects_pass"]),
+                          "multiplier": multiplier, **parts, "grade": _plain(grade)},
+            **traj)
+
+    async def _call(self, ep, call) -> dict:
+        """One tool call as an observation dict; nothing a tool or the model does raises out of here."""
+        try:
+            observation = await ep.call(call)
+            return {"name": call.name, "text": observation.text, "is_error": observation.is_error,
+                    "executed": observation.executed}
+        except Exception as error:  # noqa: BLE001 (a broken tool or server is an observation, not a crash)
+            return {"name": call.name, "text": f"Error calling tool {call.name!r}: {type(error).__name__}: {error}",
+                    "is_error": True, "executed": False}
+
+    def _episode_options(self) -> dict:
+        options = {"call_timeout_s": self.call_timeout_s}
+        if self.judge is not None:
+            options["judge"] = self.judge
+        return options
+
+    # -- the engine side (only the driver touches the engine) --
+
+    async def _generate(self, request: Request) -> Sample:
+        future = asyncio.get_running_loop().create_future()
+        self._futures[request.request_id] = future
+        self._inbox.append(request)
+        self._wake_event().set()
+        return await future
+
+    def _release(self, request_id: int) -> None:
+        self._releases.append(request_id)
+        self._wake_event().set()
+
+    def _sync(self) -> None:
+        for request_id in self._releases:
+            self.engine.release(request_id)
+            self.engine.results.pop(request_id, None)
+        self._releases.clear()
+        inbox, self._inbox = self._inbox, []
+        for request in inbox:
+            try:
+                self.engine.submit(request)
+            except Exception as error:  # noqa: BLE001 (fail that episode, not the driver)
+                self._futures.pop(request.request_id).set_exception(error)
+        if self.before_step is not None:
+            self.before_step()
+
+    def _collect(self) -> None:
+        for request_id in [r for r in self._futures if r in self.engine.results]:
+            sample = self.engine.results[request_id]
+            future = self._futures.pop(request_id)
+            if not future.done():
+                future.set_result(sample)
+            if request_id % self.request_stride:  # the previous turn's result is no longer needed
+                self.engine.results.pop(request_id - 1, None)
+
+    def _wake_event(self) -> asyncio.Event:
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        return self._wake
+
+    def _slot_semaphore(self) -> asyncio.Semaphore:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.engine.num_slots)
+        return self._slots
+
+
+def _plain(value: Any) -> Any:
+    """`value` with tuples as lists and non-JSON leaves as strings (reward_parts must survive to_json)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)

@@ -1,0 +1,313 @@
+"""The episode runner and `trajectory_from_messages`.
+
+Scripted engine (`ScriptedEngine`: replays given completions token by token, with the engine's request/continuation
+semantics) for deterministic episodes: oracle replay solves its task; budgets, stop tokens, malformed calls,
+unknown tools, tool errors and timeouts give the right finish reason and format errors. A real tiny model (random
+weights, its LM head restricted by top-k to a few chat tokens so turns stop and "call tools") for robustness and
+batch independence of multi-turn episodes.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from mercury_jax.chat import render, render_completion, train_sentencepiece_tokenizer
+from mercury_jax.envs import oracle_trajectory, presets
+from mercury_jax.envs.episode import Episode
+from mercury_jax.rollout import Engine
+from mercury_jax.rollout.engine import Sample
+from mercury_jax.rollout.episode import Budgets, EpisodeRunner, SamplingParams
+from mercury_jax.rollout.messages import trajectory_from_messages
+from models.qwen35_moe import Qwen35MoeForCausalLM
+from models.qwen35_moe import config as C
+
+ENTERPRISE = presets.preset_tasks("enterprise", "tiny", 0, 4)
+BROWSE = presets.preset_tasks("browse", "tiny", 0, 2)
+TASKS = ENTERPRISE + BROWSE
+
+
+def tools_of(task):
+    async def get():
+        async with presets_episode(task) as ep:
+            return await ep.tools()
+    return asyncio.run(get())
+
+
+def presets_episode(task):
+    from mercury_jax.envs import make_episode
+    return make_episode(task)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tmp_path_factory):
+    texts = []
+    for task in presets.preset_tasks("enterprise", "tiny", 1, 12) + presets.preset_tasks("browse", "tiny", 1, 6):
+        texts.append(render(oracle_trajectory(task), tools_of(task), add_generation_prompt=False))
+    return train_sentencepiece_tokenizer(texts, vocab_size=1024, cache_dir=tmp_path_factory.mktemp("spm"))
+
+
+def prompt_messages(task):
+    return [{"role": "system", "content": task["system_prompt"]}, {"role": "user", "content": task["user_prompt"]}]
+
+
+class ScriptedEngine:
+    """The Engine's submit / step / results / release API; request r's tokens come from `script(r, request)`
+    (cut at the first stop id or at the budget), log-prob -0.5, version `policy_version`. Keeps `history` like the
+    engine, so a continuation's history is checkable."""
+
+    def __init__(self, script, *, num_slots=4, max_length=4096):
+        self.script, self.num_slots, self.max_length = script, num_slots, max_length
+        self.results: dict[int, Sample] = {}
+        self.queue, self.released, self.submitted = [], [], []
+        self.policy_version = 0
+
+    def submit(self, request):
+        if request.continue_from is not None and request.continue_from not in self.results:
+            raise ValueError("continuation of an unknown request")
+        self.queue.append(request)
+        self.submitted.append(request)
+
+    def release(self, request_id):
+        self.released.append(request_id)
+
+    def step(self):
+        for request in self.queue:
+            history = (self.results[request.continue_from].history if request.continue_from is not None
+                       else []) + list(request.prompt)
+            limit = min(request.max_new_tokens, self.max_length - len(history))
+            tokens = []
+            for token in self.script(request.request_id, request):
+                tokens.append(token)
+                if token in request.stop_token_ids or len(tokens) >= limit:
+                    break
+            reason = "stop" if tokens and tokens[-1] in request.stop_token_ids else "length"
+            self.results[request.request_id] = Sample(request.request_id, tokens, [-0.5] * len(tokens), reason,
+                                                      history=history + tokens,
+                                                      policy_versions=[self.policy_version] * len(tokens))
+        self.queue = []
+        return False
+
+
+def oracle_script(tokenizer, tasks, stride, overrides=None):
+    """Episode e (request e * stride + k) replays turn k of tasks[e]'s oracle; `overrides[(e, k)]` replaces a
+    turn's text."""
+    turns = [[render_completion(m) for m in oracle_trajectory(t) if m["role"] == "assistant"] for t in tasks]
+    overrides = overrides or {}
+
+    def script(request_id, request):
+        episode, turn = divmod(request_id, stride)
+        text = overrides.get((episode, turn))
+        if text is None:
+            text = turns[episode][turn] if turn < len(turns[episode]) else "Done.<|im_end|>"
+        return tokenizer.encode(text)
+    return script
+
+
+def run_scripted(tokenizer, tasks, *, budgets=Budgets(), overrides=None, factory=None, **options):
+    runner_options = dict(budgets=budgets, call_timeout_s=options.pop("call_timeout_s", 30.0))
+    if factory is not None:
+        runner_options["episode_factory"] = factory
+    engine = ScriptedEngine(None, **options)
+    runner = EpisodeRunner(engine, tokenizer, **runner_options)
+    engine.script = oracle_script(tokenizer, tasks, runner.request_stride, overrides)
+    return runner.run(tasks), engine
+
+
+# -- trajectory_from_messages --
+
+@pytest.mark.parametrize("task", TASKS[:2] + BROWSE[:1], ids=lambda t: t["task_id"])
+def test_trajectory_from_messages_decodes_to_render_and_masks_completions(tokenizer, task):
+    messages, tools = oracle_trajectory(task), tools_of(task)
+    traj = trajectory_from_messages(tokenizer, messages, tools, task_id=task["task_id"])
+    # render closes the last assistant turn with "<|im_end|>\n"; the trajectory ends at the sampled <|im_end|>
+    assert tokenizer.decode(traj.tokens) + "\n" == render(messages, tools, add_generation_prompt=False)
+    completions = [render_completion(m) for m in messages if m["role"] == "assistant"]
+    assert [tokenizer.decode(traj.tokens[a:b]) for a, b in traj.turn_spans] == completions
+    action_ids = [t for t, m in zip(traj.tokens, traj.action_mask) if m]
+    assert action_ids == [t for c in completions for t in tokenizer.encode(c)]
+    assert traj.prompt_length == len(tokenizer.encode(render(prompt_messages(task), tools)))
+    assert set(traj.policy_versions) == {-1} and set(traj.rollout_logprobs) == {0.0}
+    assert traj.finish_reason == "answered" and traj.tokens[-1] == tokenizer.im_end_id
+
+
+# -- scripted episodes --
+
+def test_oracle_replay_solves_every_task_with_the_rollout_token_layout(tokenizer):
+    trajectories, engine = run_scripted(tokenizer, TASKS, num_slots=3)  # 6 episodes on 3 slots: slots refill
+    for task, traj in zip(TASKS, trajectories):
+        assert traj.finish_reason == "answered" and not traj.format_errors, traj.format_errors
+        assert traj.reward == 1.0 and traj.reward_parts["all_effects_pass"], traj.reward_parts
+        assert traj.reward_parts["effects_fraction"] == 1.0 and traj.reward_parts["multiplier"] == 1.0
+        # same ids as the messages path (SFT data and rollouts agree token for token)
+        reference = trajectory_from_messages(tokenizer, oracle_trajectory(task), tools_of(task))
+        assert traj.tokens == reference.tokens and traj.action_mask == reference.action_mask
+        assert traj.turn_spans == reference.turn_spans
+        assert not any(r["is_error"] for r in traj.tool_results)
+        assert [r["text"] for r in traj.tool_results] == [r["text"] for r in reference.tool_results]
+        sampled = [v for v, m in zip(traj.policy_versions, traj.action_mask) if m]
+        assert set(sampled) == {0} and all(v == -1 for v, m in zip(traj.policy_versions, traj.action_mask) if not m)
+        assert all(lp == -0.5 for lp, m in zip(traj.rollout_logprobs, traj.action_mask) if m)
+    # every turn after the first continued its predecessor; every episode released its last request
+    stride = Budgets().max_tool_turns + 1
+    for request in engine.submitted:
+        turn = request.request_id % stride
+        assert request.continue_from == (None if turn == 0 else request.request_id - 1) and request.keep_cache
+    assert len(engine.released) == len(TASKS)
+    assert engine.results == {}  # the runner forgets finished requests (a long-running worker must not grow)
+
+
+def test_turn_budget_stops_before_executing_more_tools(tokenizer):
+    task = ENTERPRISE[0]  # oracle: two tool turns then an answer
+    (traj,), _ = run_scripted(tokenizer, [task], budgets=Budgets(max_tool_turns=1))
+    assert traj.finish_reason == "turn_budget"
+    assert len(traj.turn_spans) == 2 and len(traj.tool_results) == 1  # the second call was not executed
+    assert traj.reward_parts["effects_fraction"] < 1.0 and traj.tokens[-1] == tokenizer.im_end_id
+    assert traj.action_mask[-1] == 1  # the trajectory ends on the sampled turn
+
+
+def test_token_budget_mid_turn_and_observation_overflow(tokenizer):
+    task = ENTERPRISE[0]
+    reference = trajectory_from_messages(tokenizer, oracle_trajectory(task), tools_of(task))
+    (first_end, second_start) = reference.turn_spans[0][1], reference.turn_spans[1][0]
+    # budget ends inside the first turn
+    (cut,), _ = run_scripted(tokenizer, [task], budgets=Budgets(max_total_tokens=first_end - 3))
+    assert cut.finish_reason == "token_budget" and cut.truncated and len(cut.tokens) == first_end - 3
+    assert cut.reward_parts["truncated"] and cut.reward == 0.0
+    # the first turn fits, its observation (plus one token to sample) does not: not appended
+    (over,), _ = run_scripted(tokenizer, [task], budgets=Budgets(max_total_tokens=second_start))
+    assert over.finish_reason == "token_budget" and over.tokens == reference.tokens[:first_end]
+    assert len(over.tool_results) == 1  # the call ran; its result did not fit
+    (fits,), _ = run_scripted(tokenizer, [task], budgets=Budgets(max_total_tokens=len(reference.tokens)))
+    assert fits.finish_reason == "answered" and fits.tokens == reference.tokens
+
+
+def test_degenerate_turn_cut_inside_think(tokenizer):
+    rambling = "I wonder " * 40 + "<|im_end|>"
+    (traj,), _ = run_scripted(tokenizer, [ENTERPRISE[0]], budgets=Budgets(max_turn_tokens=20),
+                              overrides={(0, 0): rambling})
+    assert traj.finish_reason == "degenerate" and len(traj.tokens) == traj.prompt_length + 20
+    assert traj.reward_parts["truncated_in_think"] and traj.reward_parts["multiplier"] == 0.0
+    assert any("without a stop token" in e for e in traj.format_errors)
+
+
+def test_malformed_and_unknown_calls_are_observations_and_the_episode_goes_on(tokenizer):
+    bad = ("\n</think>\n\n<tool_call>\n<function=search_tickets>\n<parameter=no_such_arg>\nx\n</parameter>\n"
+           "</function>\n</tool_call>\n<tool_call>\n<function=drop_database>\n</function>\n</tool_call><|im_end|>")
+    cut_off = "\n</think>\n\n<tool_call>\n<function=search_tickets>\n<parameter=status>\nopen<|im_end|>"
+    overrides = {(0, 0): bad, (0, 1): cut_off}
+    (traj,), _ = run_scripted(tokenizer, [ENTERPRISE[0]], overrides=overrides)
+    # turns: bad, cut_off, then the oracle's turns 2.. ("Done." past its end): the episode never crashed
+    assert traj.finish_reason == "answered"
+    assert [r["executed"] for r in traj.tool_results[:3]] == [False, False, False]
+    assert "no_such_arg" in traj.tool_results[0]["text"] and "drop_database" in traj.tool_results[1]["text"]
+    assert all(r["is_error"] for r in traj.tool_results[:3])
+    assert sum("turn 0" in e for e in traj.format_errors) == 2 and any("turn 1" in e for e in traj.format_errors)
+    assert [c["ok"] for c in traj.tool_calls[:3]] == [False, False, False]
+
+
+def test_endoftext_ends_a_turn_and_im_end_is_inserted_unsampled(tokenizer):
+    task = ENTERPRISE[0]
+    first = render_completion(oracle_trajectory(task)[2]).replace("<|im_end|>", "<|endoftext|>")
+    (traj,), _ = run_scripted(tokenizer, [task], overrides={(0, 0): first})
+    assert traj.finish_reason == "answered" and traj.reward == 1.0
+    end = traj.turn_spans[0][1]
+    assert traj.tokens[end - 1] == tokenizer.eos_id and traj.action_mask[end - 1] == 1
+    assert traj.tokens[end] == tokenizer.im_end_id and traj.action_mask[end] == 0
+
+
+class FaultyEpisode(Episode):
+    """Tools that fail: a ToolError, a crash, a hang; grading gives 1 if the agent answered."""
+
+    def _tools(self):
+        from mcp.server.mcpserver.exceptions import ToolError
+
+        async def refuse(x: str) -> str:
+            """Always refuses."""
+            raise ToolError(f"refused {x}")
+
+        async def crash(x: str) -> str:
+            """Always crashes."""
+            raise RuntimeError("boom")
+
+        async def hang(x: str) -> str:
+            """Never answers in time."""
+            await asyncio.sleep(30)
+            return x
+
+        return {"refuse": refuse, "crash": crash, "hang": hang}
+
+    def grade(self, final_answer_text, transcript=None):
+        return {"effects_fraction": float(bool(final_answer_text)), "all_effects_pass": bool(final_answer_text)}
+
+
+def test_tool_errors_crashes_and_timeouts_become_observations(tokenizer):
+    def call(name):
+        return f"<tool_call>\n<function={name}>\n<parameter=x>\nq\n</parameter>\n</function>\n</tool_call>"
+    think = "\n</think>\n\n"
+    overrides = {(0, 0): think + call("refuse") + "\n" + call("crash") + "<|im_end|>",
+                 (0, 1): think + call("hang") + "<|im_end|>",
+                 (0, 2): "\n</think>\n\nGave up.<|im_end|>"}
+    task = {**ENTERPRISE[0], "task_id": "faulty"}
+    (traj,), _ = run_scripted(tokenizer, [task], overrides=overrides, call_timeout_s=0.3,
+                              factory=lambda t, **o: FaultyEpisode(t, **o))
+    assert traj.finish_reason == "answered" and traj.reward == 1.0 and not traj.format_errors
+    texts = [r["text"] for r in traj.tool_results]
+    assert "refused q" in texts[0] and "crash" in texts[1] and "within 0.3 s" in texts[2]
+    assert all(r["is_error"] and r["executed"] for r in traj.tool_results)
+
+
+# -- the real tiny model --
+
+CHAT_TOKENS = ("<tool_call>", "<|im_end|>")
+
+
+def chatty_model(tokenizer):
+    """Random tiny model whose LM head only has weight on a few chat tokens and text pieces, scaled up: with
+    top_k=4 every sampled token is one of them, so turns stop (<|im_end|>) and open tool calls (<tool_call>)."""
+    model = Qwen35MoeForCausalLM(C.tiny(vocab_size=tokenizer.vocab_size), rngs=nnx.Rngs(0))
+    keep = [tokenizer.token_id(t) for t in CHAT_TOKENS] + tokenizer.encode(" the ticket is open")
+    head = np.asarray(model.lm_head[...])
+    mask = np.zeros(head.shape[-1], bool)
+    mask[keep] = True
+    model.lm_head[...] = np.where(mask, head * 10.0, 0.0).astype(head.dtype)
+    return model
+
+
+@pytest.fixture(scope="module")
+def real_model(tokenizer):
+    return chatty_model(tokenizer)
+
+
+REAL_BUDGETS = Budgets(max_tool_turns=3, max_total_tokens=640, max_turn_tokens=12)
+REAL_SAMPLING = SamplingParams(temperature=1.0, top_k=4, seed=7)
+
+
+def run_real(model, tokenizer, tasks, *, num_slots, first_episode_id=0):
+    engine = Engine(model, num_slots=num_slots, max_length=REAL_BUDGETS.max_total_tokens, steps_per_sync=4)
+    runner = EpisodeRunner(engine, tokenizer, budgets=REAL_BUDGETS, sampling=REAL_SAMPLING)
+    return runner.run(tasks, first_episode_id=first_episode_id), engine
+
+
+def test_real_model_episodes_do_not_depend_on_their_neighbours(real_model, tokenizer):
+    tasks = ENTERPRISE[:3] + BROWSE[:1]
+    together, engine = run_real(real_model, tokenizer, tasks, num_slots=3)  # 4 episodes, 3 slots: one refill
+    k = int(np.argmax([len(t.turn_spans) for t in together]))  # the episode with the most turns, rerun alone
+    alone, _ = run_real(real_model, tokenizer, [tasks[k]], num_slots=1, first_episode_id=k)
+    assert together[k].tokens == alone[0].tokens and together[k].action_mask == alone[0].action_mask
+    # fp32: a 1-row vs a 3-row decode sums in another order
+    np.testing.assert_allclose(together[k].rollout_logprobs, alone[0].rollout_logprobs, atol=1e-5, rtol=0)
+    assert engine.results == {} and not engine.parked  # every slot released
+    reasons = {t.finish_reason for t in together}
+    assert reasons <= {"answered", "turn_budget", "token_budget", "degenerate"}
+    assert any(len(t.turn_spans) > 1 for t in together), "no multi-turn episode: the test exercises nothing"
+    for traj in together:
+        # action_mask marks exactly the sampled turns; everything else is prompt or observation
+        marked = [i for i, m in enumerate(traj.action_mask) if m]
+        assert marked == [i for a, b in traj.turn_spans for i in range(a, b)]
+        assert all(lp < 0 for lp, m in zip(traj.rollout_logprobs, traj.action_mask) if m)
+        assert all(lp == 0 for lp, m in zip(traj.rollout_logprobs, traj.action_mask) if not m)
+        assert len(traj.tokens) <= REAL_BUDGETS.max_total_tokens
+        assert 0.0 <= traj.reward <= 1.0
