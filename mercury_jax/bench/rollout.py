@@ -78,19 +78,23 @@ def scheduling_rates(model, *, num_requests: int, num_slots: int, min_new: int, 
     budgets = rng.randint(min_new, 3 * min_new + 1, size=num_requests)
     prompts = rng.randint(0, model.config.vocab_size, size=(num_requests, prompt_len))
     max_length = prompt_len + 3 * min_new
+    def run(refill: bool):
+        engine = Engine(model, num_slots=num_slots, max_length=max_length, steps_per_sync=steps_per_sync,
+                        refill=refill)
+        for i in range(num_requests):
+            engine.submit(Request(i, prompts[i].tolist(), max_new_tokens=int(budgets[i]), seed=0))
+        results = engine.run()
+        assert sum(len(r.tokens) for r in results.values()) == int(budgets.sum())
+        return engine.stats()
+
+    run(True), run(False)  # compile
+    runs = {True: [], False: []}
+    for _ in range(3):  # alternate, so both modes see the same load on a shared host
+        for refill in (True, False):
+            runs[refill].append(run(refill))
     rows = []
     for refill in (True, False):
-        def run():
-            engine = Engine(model, num_slots=num_slots, max_length=max_length, steps_per_sync=steps_per_sync,
-                            refill=refill)
-            for i in range(num_requests):
-                engine.submit(Request(i, prompts[i].tolist(), max_new_tokens=int(budgets[i]), seed=0))
-            results = engine.run()
-            return engine.stats(), results
-
-        run()  # compile
-        stats, results = min((run() for _ in range(3)), key=lambda r: r[0]["seconds"])
-        assert sum(len(r.tokens) for r in results.values()) == int(budgets.sum())
+        stats = min(runs[refill], key=lambda r: r["seconds"])
         rows.append(["continuous (refill)" if refill else "static batches", num_requests, num_slots, steps_per_sync,
                      f"{min_new}-{3 * min_new}", stats["decode_steps"], stats["slot_occupancy"],
                      stats["generated_tokens"], stats["seconds"], stats["tokens_per_second"]])
