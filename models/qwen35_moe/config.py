@@ -18,6 +18,7 @@ LINEAR_ATTENTION = "linear_attention"
 FULL_ATTENTION = "full_attention"
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 GDN_IMPLS = ("chunked", "recurrent", "pallas")
+MOE_IMPLS = ("ragged", "dense")
 _HF_IGNORED_KEYS = {"attn_output_gate", "mamba_ssm_dtype", "output_gate_type", "use_cache", "dtype", "torch_dtype",
                     "transformers_version", "architectures", "model_type", "layer_types", "rope_parameters",
                     "rope_scaling", "full_attention_interval", "rope_theta", "partial_rotary_factor",
@@ -71,6 +72,7 @@ class Qwen35MoeConfig:
     scan_layers: bool = True
     gdn_impl: str = "chunked"
     gdn_chunk_size: int = 64
+    moe_impl: str = "ragged"  # "ragged": sort + ragged_dot (dropless, E-independent cost); "dense": all experts
 
     def __post_init__(self):
         if self.layer_types is None:
@@ -105,6 +107,8 @@ class Qwen35MoeConfig:
                             f"({self.num_experts})")
         if self.remat_policy not in REMAT_POLICIES:
             problems.append(f"remat_policy {self.remat_policy!r} is not one of {REMAT_POLICIES}")
+        if self.moe_impl not in MOE_IMPLS:
+            problems.append(f"moe_impl {self.moe_impl!r} is not one of {MOE_IMPLS}")
         if self.gdn_impl not in GDN_IMPLS:
             problems.append(f"gdn_impl {self.gdn_impl!r} is not one of {GDN_IMPLS}")
         for name in ("dtype", "param_dtype"):

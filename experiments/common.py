@@ -1,0 +1,43 @@
+"""Config pieces shared by the experiments (model, tokenizer, world, checkpoints, mesh)."""
+from __future__ import annotations
+
+import ml_collections
+
+
+def model_config(tiny: bool) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.hf_path = "" if tiny else "/checkpoints/Qwen3.5-35B-A3B"  # an HF checkpoint directory (real runs)
+    c.preset = "tiny" if tiny else ""                             # build from scratch instead (tiny demos)
+    c.overrides = ml_collections.ConfigDict(
+        dict(hidden_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+             linear_key_head_dim=24, linear_value_head_dim=24, linear_num_key_heads=2, linear_num_value_heads=4,
+             moe_intermediate_size=64, shared_expert_intermediate_size=96, num_experts=8, num_experts_per_tok=2)
+        if tiny else {})
+    c.dtype = "float32" if tiny else "bfloat16"   # compute dtype; master weights are always fp32
+    c.remat_policy = "none" if tiny else "dots_with_no_batch_dims_saveable"
+    c.moe_impl = "dense" if tiny else "ragged"   # dense: plain matmuls over the 8 tiny experts (fast on CPU)
+    return c
+
+
+def tokenizer_config(tiny: bool) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.kind = "sentencepiece" if tiny else "qwen35"  # sentencepiece: trained on the world's oracle text
+    c.vocab_size = 1024 if tiny else 0
+    return c
+
+
+def world_config(tiny: bool, name: str = "enterprise") -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.name = name
+    c.size = "tiny" if tiny else "full"
+    c.corpus_dir = ""            # a corpus written by `python -m mercury_jax.envs.generate`; "" = generate in process
+    c.train_seed = 0
+    c.eval_seed = 10_000         # held-out tasks come from a disjoint seed range
+    c.num_train_tasks = 256 if tiny else 38_670
+    c.num_eval_tasks = 32 if tiny else 512
+    c.tasks_per_world = 10
+    return c
+
+
+def checkpoint_config(every: int, keep: int = 3) -> ml_collections.ConfigDict:
+    return ml_collections.ConfigDict(dict(every=every, keep=keep, async_save=True))

@@ -1,0 +1,74 @@
+"""SAO: single rollout per prompt, learned critic with frozen token mixing, skip-observation GAE with
+length-adaptive lambda, value pre-training, K critic epochs, DIS trust-region loss, asynchronous rollouts.
+
+The default is the released run (Qwen3.5-35B-A3B from an HF checkpoint, 128 prompts x 1 rollout, 20 tool turns,
+24,576 tokens, actor Adam lr 1e-6 betas (0.9, 0.98), critic lr 5e-6 with 10 warm-up iterations, 2 critic epochs,
+20 critic-only steps, alpha 1.5, gamma 1, lam_critic 1, eps 0.2/0.28, bf16 compute):
+
+    python -m mercury_jax.main --config experiments/sao.py --workdir gs://bucket/sao \
+        --config.model.hf_path=/ckpt/Qwen3.5-35B-A3B --config.world.corpus_dir=/data/enterprise
+
+`:tiny` runs on one CPU from scratch: a tiny model, a SentencePiece tokenizer trained on the tiny enterprise
+world's oracle text, an SFT warm start on oracle trajectories, then SAO:
+
+    python -m mercury_jax.main --config experiments/sao.py:tiny
+"""
+from __future__ import annotations
+
+import ml_collections
+
+from experiments import common
+from experiments.sft import sft_config
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    tiny = arg == "tiny"
+    if arg not in (None, "", "tiny"):
+        raise ValueError(f"unknown variant {arg!r} of experiments/sao.py; use ':tiny' or nothing")
+    c = ml_collections.ConfigDict()
+    c.pipeline = "sao"
+    c.seed = 0
+    c.model = common.model_config(tiny)
+    c.tokenizer = common.tokenizer_config(tiny)
+    c.world = common.world_config(tiny)
+    c.sft = sft_config(tiny)
+    c.sft.enabled = tiny          # warm start on oracle trajectories before SAO (the released run starts from HF)
+    c.checkpoint = common.checkpoint_config(every=5 if tiny else 10)
+
+    s = ml_collections.ConfigDict()
+    s.steps = 30 if tiny else 159
+    s.batch_prompts = 16 if tiny else 128
+    s.group_size = 1
+    s.critic_only_steps = 3 if tiny else 20
+    s.critic_epochs = 2
+    s.alpha = 1.5
+    s.gamma = 1.0
+    s.lam_critic = 1.0
+    s.eps_low = 0.2
+    s.eps_high = 0.28
+    s.loss_agg = "token-mean"
+    s.whiten_advantages = False
+    s.value_clip = 0.0
+    s.max_staleness = 1
+    s.actor_optimizer = ml_collections.ConfigDict(dict(lr=2e-4 if tiny else 1e-6, warmup_steps=0, b1=0.9, b2=0.98,
+                                                       eps=1e-8, weight_decay=0.0, grad_clip=1.0 if tiny else 0.0))
+    s.critic_optimizer = ml_collections.ConfigDict(dict(lr=1e-3 if tiny else 5e-6, warmup_steps=10, b1=0.9,
+                                                        b2=0.98, eps=1e-8, weight_decay=0.0, grad_clip=1.0))
+    s.eval_every = 10 if tiny else 20
+    s.log_window = 20
+    c.sao = s
+
+    r = ml_collections.ConfigDict()
+    r.mode = "sync" if tiny else "async"   # sync: every batch sampled with the latest weights (exactly resumable)
+    r.num_slots = 16 if tiny else 128
+    r.temperature = 1.0
+    r.top_p = 1.0
+    r.max_tool_turns = 4 if tiny else 20
+    r.max_total_tokens = 1024 if tiny else 24576
+    r.max_turn_tokens = 192 if tiny else 8192
+    c.rollout = r
+
+    # Device groups (consecutive slices of jax.devices()); all 0 = everything shares the default device.
+    c.devices = ml_collections.ConfigDict(dict(rollout=0, actor=0, critic=0) if tiny else
+                                          dict(rollout=64, actor=32, critic=32))
+    return c

@@ -1,0 +1,53 @@
+"""mercury_jax entry point: `python -m mercury_jax.main --config experiments/sao.py[:tiny] [--workdir DIR]`.
+
+Reads an ml_collections config (variants after `:`, overrides with `--config.key=value`), checks it before any
+work starts, initialises multi-host JAX when running on a pod, logs versions and devices, and runs the pipeline
+named by `config.pipeline`. A rerun with the same `--workdir` resumes from its last checkpoint.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file, e.g. experiments/sao.py:tiny",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "run directory (checkpoints, metrics, plots); default runs/NAME")
+_MULTIHOST = flags.DEFINE_bool("multihost", None, "call jax.distributed.initialize() (default: auto on pods)")
+
+
+def _is_multihost() -> bool:
+    if _MULTIHOST.value is not None:
+        return _MULTIHOST.value
+    return any(k in os.environ for k in ("JAX_COORDINATOR_ADDRESS", "TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS"))
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments {argv[1:]}; options go after --config / --workdir")
+    config = _CONFIG.value
+    if config is None:
+        raise app.UsageError("--config is required, e.g. --config experiments/sao.py:tiny")
+    from mercury_jax.train.validate import validate_config
+    validate_config(config)
+    if _is_multihost():
+        import jax
+        jax.distributed.initialize()
+    import jax
+    import flax
+
+    workdir = _WORKDIR.value or os.path.join("runs", f"{config.pipeline}-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(workdir, exist_ok=True)
+    logging.info("mercury_jax: pipeline=%s workdir=%s", config.pipeline, workdir)
+    logging.info("jax %s, flax %s, backend %s, %d devices (%d local), process %d/%d", jax.__version__,
+                 flax.__version__, jax.default_backend(), jax.device_count(), jax.local_device_count(),
+                 jax.process_index(), jax.process_count())
+    from mercury_jax.train.pipelines import PIPELINES
+    PIPELINES[config.pipeline](config, workdir)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    app.run(main)

@@ -1,0 +1,101 @@
+"""Metrics: a JSONL line and TensorBoard scalars per step, 20-step window means, a progress line with ETA,
+and PNG plots of the curves at the end."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+class MetricsLogger:
+    def __init__(self, workdir: str | Path, *, total_steps: int, window: int = 20, name: str = "train",
+                 tensorboard: bool = True, stream=sys.stdout):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.path = self.workdir / f"{name}_metrics.jsonl"
+        self.total_steps = total_steps
+        self.window = window
+        self.name = name
+        self.stream = stream
+        self.history: list[dict] = []
+        if self.path.exists():  # a resumed run keeps its earlier curve
+            self.history = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        self._writer = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+            self._writer = SummaryWriter(str(self.workdir / "tensorboard" / name))
+        self._start = time.perf_counter()
+        self._start_step: int | None = None
+
+    def truncate(self, last_step: int) -> None:
+        """Drop records after `last_step` (a resumed run replays those steps)."""
+        self.history = [r for r in self.history if r["step"] <= last_step]
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in self.history))
+
+    def log(self, step: int, metrics: dict, *, progress_keys: tuple[str, ...] = ()) -> dict:
+        record = {"step": step, **{k: _scalar(v) for k, v in metrics.items()}}
+        window = [r for r in self.history if r["step"] > step - self.window] + [record]
+        for key in progress_keys:
+            values = [r[key] for r in window if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+            if values:
+                record[f"window/{key}"] = float(np.mean(values))
+        self.history.append(record)
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._writer is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self._writer.add_scalar(f"{self.name}/{key}", value, step)
+        self._progress(step, record, progress_keys)
+        return record
+
+    def _progress(self, step: int, record: dict, keys: tuple[str, ...]) -> None:
+        if self._start_step is None:
+            self._start_step, self._start = step - 1, time.perf_counter()
+        done = step - self._start_step
+        elapsed = time.perf_counter() - self._start
+        remaining = (self.total_steps - step) * elapsed / max(done, 1)
+        shown = " ".join(f"{k}={record[k]:.4g}" for k in keys if isinstance(record.get(k), (int, float)))
+        print(f"[{self.name}] step {step}/{self.total_steps} {shown} | {elapsed:.0f}s elapsed, ETA {remaining:.0f}s",
+              file=self.stream, flush=True)
+
+    def plot(self, keys: list[str], filename: str | None = None) -> Path | None:
+        """One PNG with a panel per key (raw per step and the window mean)."""
+        keys = [k for k in keys if any(k in r for r in self.history)]
+        if not keys:
+            return None
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(len(keys), 1, figsize=(7, 2.4 * len(keys)), sharex=True, squeeze=False)
+        for ax, key in zip(axes[:, 0], keys):
+            points = [(r["step"], r[key]) for r in self.history if isinstance(r.get(key), (int, float))]
+            ax.plot(*zip(*points), ".", alpha=0.4, label=key)
+            smooth = [(r["step"], r[f"window/{key}"]) for r in self.history if f"window/{key}" in r]
+            if smooth:
+                ax.plot(*zip(*smooth), "-", label=f"{self.window}-step mean")
+            ax.set_ylabel(key, fontsize=8)
+            ax.legend(fontsize=7, loc="best")
+        axes[-1, 0].set_xlabel("step")
+        fig.tight_layout()
+        path = self.workdir / (filename or f"{self.name}_curves.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+def _scalar(value):
+    if hasattr(value, "item") and getattr(value, "size", 2) == 1:
+        value = value.item()
+    if isinstance(value, (np.floating, np.integer)):
+        value = value.item()
+    return value

@@ -1,0 +1,24 @@
+"""Optimisers with fp32 master weights: Adam(W) with linear warm-up, optional global-norm clipping.
+
+Parameters are kept in fp32 (the model casts to the bf16 compute dtype at use), so a 1e-6 step is not rounded
+away; optimiser moments are fp32 too.
+"""
+from __future__ import annotations
+
+import ml_collections
+import optax
+
+
+def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    """From fields lr, warmup_steps, b1, b2, eps, weight_decay, grad_clip (0 = off)."""
+    schedule = optax.constant_schedule(cfg.lr)
+    if cfg.get("warmup_steps", 0):
+        schedule = optax.join_schedules(
+            [optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps), optax.constant_schedule(cfg.lr)],
+            [cfg.warmup_steps])
+    parts = []
+    if cfg.get("grad_clip", 0.0):
+        parts.append(optax.clip_by_global_norm(cfg.grad_clip))
+    parts.append(optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.get("eps", 1e-8),
+                             weight_decay=cfg.get("weight_decay", 0.0)))
+    return optax.chain(*parts)

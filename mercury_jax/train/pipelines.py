@@ -1,0 +1,51 @@
+"""The pipelines `mercury_jax.main` runs, by `config.pipeline`: "sft" (warm start) and "sao"."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import ml_collections
+
+from mercury_jax.train import setup
+
+log = logging.getLogger(__name__)
+
+
+def prepare_sft_data(config: ml_collections.ConfigDict, workdir: Path):
+    """Train tasks -> oracle chats -> tokenizer (trained on their text when SentencePiece) -> (ids, action mask)."""
+    from mercury_jax.chat import render
+    from mercury_jax.rollout.messages import trajectory_from_messages
+
+    tasks = setup.world_tasks(config.world, "train")
+    chats = setup.oracle_messages(tasks)
+    tools = setup.tool_schemas(tasks)
+    tokenizer = setup.build_tokenizer(config.tokenizer, workdir, [render(m, t) for m, t in zip(chats, tools)])
+    trajectories = [trajectory_from_messages(tokenizer, m, t) for m, t in zip(chats, tools)]
+    sequences = [(traj.tokens, traj.action_mask) for traj in trajectories]
+    lengths = [len(s[0]) for s in sequences]
+    log.info("SFT data: %d oracle trajectories, %d-%d tokens (mean %.0f), vocabulary %d", len(sequences),
+             min(lengths), max(lengths), sum(lengths) / len(lengths), tokenizer.vocab_size)
+    return tokenizer, sequences
+
+
+def run_sft_pipeline(config: ml_collections.ConfigDict, workdir: str | Path):
+    from mercury_jax.train.sft import run_sft
+
+    workdir = Path(workdir)
+    tokenizer, sequences = prepare_sft_data(config, workdir)
+    model = setup.build_model(config.model, tokenizer.vocab_size, config.seed)
+    model, history = run_sft(config.sft, model, sequences, workdir / "sft", seed=config.seed,
+                             checkpoint_cfg=config.checkpoint, pad_id=tokenizer.pad_id)
+    summary = {"final_loss": history[-1]["loss"] if history else None, "steps": config.sft.steps}
+    (workdir / "sft_summary.json").write_text(json.dumps(summary, indent=2))
+    return model, tokenizer
+
+
+def run_sao_pipeline(config: ml_collections.ConfigDict, workdir: str | Path):
+    from mercury_jax.train.sao import run_sao
+
+    return run_sao(config, Path(workdir))
+
+
+PIPELINES = {"sft": run_sft_pipeline, "sao": run_sao_pipeline}

@@ -1,0 +1,73 @@
+"""The SAO learner step, as jitted functions over a padded trajectory batch (ALGORITHMS.md, pipeline 1).
+
+    V_t      = critic(x)[t - 1]                        value of the state that predicts token t
+    lam_b    = max(0, 1 - 1 / (alpha * L_b))            length-adaptive lambda of row b (L_b action tokens)
+    A        = skip_observation_gae(r, V, mask; gamma, lam_b)          policy advantages
+    G        = skip_observation_gae(r, V, mask; gamma, lam_critic) + V targets (Monte-Carlo R with gamma = lam = 1)
+    critic:  K epochs of 0.5 (V - G)^2, token-mean over action tokens
+    actor:   DIS loss on r_t = exp(logp_t - rollout_logp_t); -sg(r) A logp inside (1 - eps_low, 1 + eps_high)
+Advantages and targets are computed once per step from the critic before its updates.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from mercury_jax.rl.advantages import length_adaptive_lambda, masked_whiten, skip_observation_gae
+from mercury_jax.rl.losses import dis_policy_loss, value_loss
+from mercury_jax.train.state import make_update_step
+from models.qwen35_moe.logprobs import sequence_logprobs
+
+
+def aligned_values(critic, tokens_BxT):
+    """Critic values aligned with the token they score: entry t from the hidden state at t - 1 (0 at t = 0)."""
+    values_BxT = critic(tokens_BxT)
+    return jnp.pad(values_BxT[:, :-1], ((0, 0), (1, 0)))
+
+
+def make_advantage_fn(critic_graphdef, cfg):
+    @jax.jit
+    def advantages(critic_params, critic_frozen, batch):
+        critic = nnx.merge(critic_graphdef, critic_params, critic_frozen)
+        mask = batch["action_mask"]
+        values = aligned_values(critic, batch["tokens"]) * mask
+        lam = length_adaptive_lambda(mask, alpha=cfg.alpha)
+        adv, _ = skip_observation_gae(batch["rewards"], values, mask, gamma=cfg.gamma, lam=lam, check=False)
+        critic_adv, _ = skip_observation_gae(batch["rewards"], values, mask, gamma=cfg.gamma, lam=cfg.lam_critic,
+                                             check=False)
+        returns = (critic_adv + values) * mask
+        if cfg.whiten_advantages:
+            adv = masked_whiten(adv, mask) * mask
+        residual = (returns - values) * mask
+        count = jnp.maximum(jnp.sum(mask), 1.0)
+        var_returns = jnp.sum(jnp.square(returns - jnp.sum(returns) / count) * mask) / count
+        var_residual = jnp.sum(jnp.square(residual - jnp.sum(residual) / count) * mask) / count
+        stats = {"explained_variance": 1.0 - var_residual / jnp.maximum(var_returns, 1e-8),
+                 "advantage_mean": jnp.sum(adv) / count, "value_mean": jnp.sum(values) / count,
+                 "lambda_mean": jnp.mean(lam)}
+        return adv, returns, values, stats
+    return advantages
+
+
+def make_critic_step(critic_graphdef, tx, cfg):
+    def loss_fn(critic, batch):
+        values = aligned_values(critic, batch["tokens"])
+        loss, aux = value_loss(values, batch["returns"], batch["action_mask"],
+                               old_values=batch["old_values"] if cfg.value_clip else None,
+                               value_clip=cfg.value_clip or None, loss_agg=cfg.loss_agg)
+        return loss, {"value_loss": loss}
+    return make_update_step(critic_graphdef, tx, loss_fn)
+
+
+def make_actor_step(actor_graphdef, tx, cfg):
+    def loss_fn(actor, batch):
+        logp = sequence_logprobs(actor, batch["tokens"])
+        mask = batch["action_mask"]
+        loss, aux = dis_policy_loss(logp, batch["rollout_logprobs"], batch["advantages"], mask,
+                                    eps_low=cfg.eps_low, eps_high=cfg.eps_high, loss_agg=cfg.loss_agg)
+        count = jnp.maximum(jnp.sum(mask), 1.0)
+        gap = jnp.sum(jnp.abs(logp - batch["rollout_logprobs"]) * mask) / count
+        return loss, {"policy_loss": loss, "dis_masked_fraction": aux["masked_fraction"],
+                      "mean_ratio": aux["mean_ratio"], "logp_train_rollout_gap": gap}
+    return make_update_step(actor_graphdef, tx, loss_fn)

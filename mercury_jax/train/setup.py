@@ -1,0 +1,97 @@
+"""Build what every pipeline needs from its config: tasks, tokenizer, model, device groups."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from mercury_jax.envs.episode import oracle_trajectory
+from mercury_jax.envs.presets import preset_tasks
+from models.qwen35_moe import Qwen35MoeForCausalLM, load_hf
+from models.qwen35_moe.config import PRESETS
+
+log = logging.getLogger(__name__)
+
+
+def world_tasks(world: ml_collections.ConfigDict, split: str) -> list[dict]:
+    """Train or eval tasks: from the corpus directory if set, else generated in process (disjoint seeds)."""
+    if world.corpus_dir:
+        from mercury_jax.envs.generate import read_tasks
+        tasks = list(read_tasks(world.corpus_dir))
+        n_eval = world.num_eval_tasks
+        return tasks[n_eval:n_eval + world.num_train_tasks] if split == "train" else tasks[:n_eval]
+    seed, count = ((world.train_seed, world.num_train_tasks) if split == "train"
+                   else (world.eval_seed, world.num_eval_tasks))
+    tasks: list[dict] = []
+    for world_seed in range(seed, seed + 100 * count):  # one seed is one company with a few distinct tasks
+        tasks += preset_tasks(world.name, world.size, world_seed, min(world.tasks_per_world, count - len(tasks)))
+        if len(tasks) >= count:
+            return tasks
+    raise ValueError(f"could not generate {count} {world.name} tasks; lower world.num_{split}_tasks")
+
+
+def tool_schemas(tasks: list[dict]) -> list[list[dict]]:
+    """The OpenAI-style tool schemas each task's episode offers (as the rollout renders them)."""
+    import asyncio
+
+    from mercury_jax.envs.episode import make_episode
+
+    async def one(task):
+        async with make_episode(task) as episode:
+            return await episode.tools()
+
+    async def all_tasks():
+        return [await one(task) for task in tasks]
+
+    return asyncio.run(all_tasks())
+
+
+def oracle_messages(tasks: list[dict]) -> list[list[dict]]:
+    return [oracle_trajectory(task) for task in tasks]
+
+
+def build_tokenizer(cfg: ml_collections.ConfigDict, workdir: str | Path, corpus_texts: list[str]):
+    """The Qwen3.5 BPE, or a SentencePiece model trained (deterministically, cached) on `corpus_texts`."""
+    from mercury_jax.chat import qwen35_tokenizer, train_sentencepiece_tokenizer
+    if cfg.kind == "qwen35":
+        return qwen35_tokenizer()
+    if cfg.kind == "sentencepiece":
+        return train_sentencepiece_tokenizer(corpus_texts, vocab_size=cfg.vocab_size,
+                                             cache_dir=Path(workdir) / "tokenizer")
+    raise ValueError(f"tokenizer.kind {cfg.kind!r} is not 'qwen35' or 'sentencepiece'")
+
+
+def build_model(cfg: ml_collections.ConfigDict, vocab_size: int, seed: int) -> Qwen35MoeForCausalLM:
+    """From an HF checkpoint (`hf_path`) or from scratch (`preset` + `overrides`), fp32 master weights."""
+    if cfg.hf_path:
+        if not Path(cfg.hf_path).exists():
+            raise FileNotFoundError(f"model.hf_path {cfg.hf_path} does not exist; point it at an HF checkpoint "
+                                    f"directory or set model.hf_path='' and model.preset='tiny'")
+        return load_hf(cfg.hf_path, dtype=jnp.float32, compute_dtype=cfg.dtype, remat_policy=cfg.remat_policy,
+                       moe_impl=cfg.moe_impl)
+    if cfg.preset not in PRESETS:
+        raise ValueError(f"model.preset {cfg.preset!r} is not one of {sorted(PRESETS)}")
+    vocab = -(-vocab_size // 64) * 64
+    runtime = dict(dtype=cfg.dtype, remat_policy=cfg.remat_policy, moe_impl=cfg.moe_impl)
+    if cfg.preset == "tiny":
+        model_cfg = PRESETS["tiny"](vocab_size=vocab, **runtime, **cfg.overrides.to_dict())
+    else:
+        model_cfg = PRESETS[cfg.preset](**runtime)
+    return Qwen35MoeForCausalLM(model_cfg, rngs=nnx.Rngs(seed))
+
+
+def device_groups(sizes: dict[str, int]) -> dict[str, list]:
+    """Split the devices into consecutive named groups, e.g. {"rollout": 4, "actor": 2, "critic": 2}."""
+    devices = jax.devices()
+    if sum(sizes.values()) > len(devices):
+        raise ValueError(f"device groups {dict(sizes)} need {sum(sizes.values())} devices but only "
+                         f"{len(devices)} exist; shrink the groups in config.devices")
+    groups, start = {}, 0
+    for name, size in sizes.items():
+        groups[name] = devices[start:start + size]
+        start += size
+    return groups

@@ -1,0 +1,80 @@
+"""SFT warm start: minimise -mean log p(action tokens) over packed trajectories (token-mean over the batch).
+
+    loss = - sum_t mask[t] * log p(x[t] | x[<t], same document) / sum_t mask[t]
+Rows are packed with segment ids (documents never see each other), reshuffled every epoch by the seed, and the
+run checkpoints (weights, optimiser, step) so a restart continues where it stopped.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from mercury_jax.train.checkpoints import Checkpointer
+from mercury_jax.train.metrics import MetricsLogger
+from mercury_jax.train.optim import make_optimizer
+from mercury_jax.train.packing import pack_sequences
+from mercury_jax.train.state import TrainState, make_update_step
+from models.qwen35_moe.logprobs import sequence_logprobs
+
+
+def sft_loss(model, batch):
+    logp = sequence_logprobs(model, batch["tokens"], segment_ids_BxT=batch["segment_ids"])
+    mask = batch["loss_mask"]
+    count = jnp.maximum(jnp.sum(mask), 1.0)
+    loss = -jnp.sum(logp * mask) / count
+    return loss, {"action_tokens": jnp.sum(mask), "token_accuracy_proxy": jnp.sum(jnp.exp(logp) * mask) / count}
+
+
+def batch_order(num_rows: int, batch_rows: int, step: int, seed: int) -> np.ndarray:
+    """Row indices of batch `step`: epoch e is a permutation seeded by (seed, e) (restarts reproduce it)."""
+    per_epoch = max(num_rows // batch_rows, 1)
+    epoch, index = divmod(step, per_epoch)
+    perm = np.random.default_rng([seed, epoch]).permutation(num_rows)
+    rows = perm[index * batch_rows:(index + 1) * batch_rows]
+    return np.resize(rows, batch_rows)  # fewer rows than a batch: repeat
+
+
+def run_sft(cfg: ml_collections.ConfigDict, model, sequences: list[tuple[list[int], list[int]]], workdir: str | Path,
+            *, seed: int = 0, checkpoint_cfg: ml_collections.ConfigDict | None = None, pad_id: int = 0):
+    """Train `model` on (tokens, action_mask) sequences; returns the trained model and the metric history."""
+    workdir = Path(workdir)
+    packed = pack_sequences(sequences, cfg.row_length, pad_id=pad_id)
+    tx = make_optimizer(cfg.optimizer)
+    state = TrainState.create(model, tx)
+    step_fn = make_update_step(state.graphdef, tx, sft_loss)
+    checkpointer = None
+    start = 0
+    if checkpoint_cfg is not None:
+        checkpointer = Checkpointer(workdir / "checkpoints", save_every=checkpoint_cfg.every, keep=checkpoint_cfg.keep,
+                                    async_save=checkpoint_cfg.async_save)
+        latest = checkpointer.latest_step()
+        if latest is not None:
+            arrays, meta = checkpointer.restore(latest, state.arrays())
+            state = state.replace_arrays(arrays)
+            start = meta["step"]
+    logger = MetricsLogger(workdir, total_steps=cfg.steps, name="sft")
+    logger.truncate(start)
+    params, frozen, opt_state = state.params, state.frozen, state.opt_state
+    for step in range(start + 1, cfg.steps + 1):
+        rows = batch_order(len(packed["tokens"]), cfg.batch_rows, step - 1, seed)
+        batch = {k: jnp.asarray(v[rows]) for k, v in packed.items()}
+        t0 = time.perf_counter()
+        params, opt_state, metrics = step_fn(params, frozen, opt_state, batch)
+        metrics = jax.device_get(metrics)
+        seconds = time.perf_counter() - t0
+        if step % cfg.log_every == 0 or step == cfg.steps or step == start + 1:
+            logger.log(step, {**metrics, "tokens_per_s": float(np.sum(batch["segment_ids"] > 0)) / seconds,
+                              "step_time_s": seconds}, progress_keys=("loss",))
+        if checkpointer is not None and checkpointer.should_save(step, last=step == cfg.steps):
+            checkpointer.save(step, {"params": params, "frozen": frozen, "opt_state": opt_state}, {"step": step})
+    if checkpointer is not None:
+        checkpointer.close()
+    logger.plot(["loss", "token_accuracy_proxy"])
+    logger.close()
+    state.params, state.frozen, state.opt_state = params, frozen, opt_state
+    return state.model(), logger.history

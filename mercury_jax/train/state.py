@@ -1,0 +1,55 @@
+"""A trainable model as functional state: graphdef + fp32 parameters + optimiser state, and a jitted update.
+
+    params, opt_state = TrainState.create(model, tx).params, ...
+    grads = jax.grad(loss)(params);  updates = tx.update(grads, opt_state, params);  params += updates
+`trainable` selects which parameters the optimiser sees (the rest stay frozen, e.g. the critic's token mixing).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import optax
+from flax import nnx
+
+
+@dataclasses.dataclass
+class TrainState:
+    graphdef: Any
+    params: Any          # nnx.State of the trainable parameters (fp32 masters)
+    frozen: Any          # nnx.State of everything else (may be empty)
+    opt_state: Any
+    tx: optax.GradientTransformation
+
+    @classmethod
+    def create(cls, model: nnx.Module, tx: optax.GradientTransformation,
+               trainable: Callable | type = nnx.Param) -> "TrainState":
+        graphdef, params, frozen = nnx.split(model, trainable, ...)
+        return cls(graphdef, params, frozen, tx.init(params), tx)
+
+    def model(self) -> nnx.Module:
+        return nnx.merge(self.graphdef, self.params, self.frozen)
+
+    def arrays(self) -> dict:
+        """The checkpointable arrays."""
+        return {"params": self.params, "frozen": self.frozen, "opt_state": self.opt_state}
+
+    def replace_arrays(self, arrays: dict) -> "TrainState":
+        return dataclasses.replace(self, params=arrays["params"], frozen=arrays["frozen"],
+                                   opt_state=arrays["opt_state"])
+
+
+def make_update_step(graphdef, tx: optax.GradientTransformation, loss_fn: Callable, *, donate: bool = True):
+    """jit(params, frozen, opt_state, batch) -> (params, opt_state, metrics) for `loss_fn(model, batch) -> (loss,
+    metrics)`; metrics gain `loss` and `grad_norm`."""
+    def step(params, frozen, opt_state, batch):
+        def wrapped(p):
+            return loss_fn(nnx.merge(graphdef, p, frozen), batch)
+
+        (loss, metrics), grads = jax.value_and_grad(wrapped, has_aux=True)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return params, opt_state, {**metrics, "loss": loss, "grad_norm": optax.global_norm(grads)}
+
+    return jax.jit(step, donate_argnums=(0, 2) if donate else ())
