@@ -10,3 +10,15 @@ from mercury_jax.rollout.generate import generate
 from mercury_jax.rollout.sampler import Sampler
 
 __all__ = ["Engine", "Request", "Sample", "Sampler", "generate"]
+
+# Episodes and the asynchronous worker (issue 6):
+#     EpisodeRunner(engine, tokenizer, budgets=Budgets()).run(tasks)  -> list[Trajectory]   multi-turn MCP episodes
+#     RolloutWorker(model, tokenizer, tasks).start(); .get(); .publish(state, version); .stats(); .stop()
+#     trajectory_from_messages(tokenizer, messages, tools)           -> Trajectory (oracle chats, SFT warm starts)
+from mercury_jax.rollout.episode import Budgets, EpisodeRunner, SamplingParams  # noqa: E402
+from mercury_jax.rollout.messages import trajectory_from_messages  # noqa: E402
+from mercury_jax.rollout.trajectory import Trajectory, batch_trajectories  # noqa: E402
+from mercury_jax.rollout.worker import RolloutWorker  # noqa: E402
+
+__all__ += ["Budgets", "EpisodeRunner", "RolloutWorker", "SamplingParams", "Trajectory", "batch_trajectories",
+            "trajectory_from_messages"]

@@ -259,8 +259,7 @@ class EpisodeRunner:
 
     def _sync(self) -> None:
         for request_id in self._releases:
-            self.engine.release(request_id)
-            self.engine.results.pop(request_id, None)
+            self._forget(request_id)
         self._releases.clear()
         inbox, self._inbox = self._inbox, []
         for request in inbox:
@@ -278,7 +277,14 @@ class EpisodeRunner:
             if not future.done():
                 future.set_result(sample)
             if request_id % self.request_stride:  # the previous turn's result is no longer needed
-                self.engine.results.pop(request_id - 1, None)
+                self._forget(request_id - 1)
+
+    def _forget(self, request_id: int) -> None:
+        """Drop a consumed result and free its parked slot (a long-running worker must not grow `results`)."""
+        if request_id in self.engine.results:
+            self.engine.forget(request_id)
+        else:
+            self.engine.release(request_id)
 
     def _wake_event(self) -> asyncio.Event:
         if self._wake is None:

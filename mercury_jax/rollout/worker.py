@@ -1,0 +1,201 @@
+"""The asynchronous rollout worker (ALGORITHMS.md, SAO "Asynchrony"): episodes run continuously, and each finished
+trajectory goes to the learner's queue at once (no group barrier, no waiting for the slowest episode).
+
+    worker = RolloutWorker(model, tokenizer, tasks, num_slots=64, devices=jax.devices()[4:])
+    worker.start()                                  # background thread: an asyncio loop driving one Engine
+    trajectory = worker.get(timeout=60)             # or worker.queue.get(); raises if the worker failed
+    worker.publish(nnx.state(policy, nnx.Param), version=step)   # picked up between two decode chunks
+    worker.stats()                                  # tokens/s, episodes/s, slot occupancy, queue depth, ...
+    worker.stop()                                   # re-raises the worker's exception, if any
+
+The worker owns a copy of the model (placed, replicated, on the mesh of `devices` when given) and one `Engine`.
+At most `num_slots` episodes are in flight; an episode keeps its place until its trajectory is in the (bounded)
+queue, so a slow learner slows the rollouts instead of piling up finished trajectories. Published weights are
+swapped in between decode chunks: in-flight episodes continue, and tokens sampled after the swap carry the new
+version (`Trajectory.policy_versions`; `Trajectory.policy_version` is the oldest). Episode e (counting from
+`first_episode_id`) runs on request ids e * stride + k, so given the same tasks, seed and weights an episode's
+tokens do not depend on what else runs.
+"""
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import Iterable, Mapping
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from mercury_jax.chat.tokenizer import Tokenizer
+from mercury_jax.rollout.engine import Engine
+from mercury_jax.rollout.episode import Budgets, EpisodeRunner, SamplingParams
+from mercury_jax.rollout.trajectory import Trajectory
+
+
+class RolloutWorker:
+    """Runs episodes over `tasks` until they run out or `stop()`; pushes each trajectory to `queue` once."""
+
+    def __init__(self, model: nnx.Module, tokenizer: Tokenizer, tasks: Iterable[Mapping], *, num_slots: int = 8,
+                 max_length: int | None = None, steps_per_sync: int = 8, budgets: Budgets = Budgets(),
+                 sampling: SamplingParams = SamplingParams(), queue_size: int = 1024,
+                 out_queue: queue.Queue | None = None, devices=None, policy_version: int = 0,
+                 first_episode_id: int = 0, **runner_options):
+        self.sharding = None
+        if devices is not None:
+            self.sharding = NamedSharding(Mesh(np.asarray(list(devices)), ("replica",)), PartitionSpec())
+        self.model = nnx.clone(model)
+        if self.sharding is not None:
+            nnx.update(self.model, jax.device_put(nnx.state(self.model), self.sharding))
+        self.engine = Engine(self.model, num_slots=num_slots, max_length=max_length or budgets.max_total_tokens,
+                             steps_per_sync=steps_per_sync, policy_version=policy_version)
+        if self.sharding is not None:
+            self.engine.state = jax.device_put(self.engine.state, self.sharding)
+        self.runner = EpisodeRunner(self.engine, tokenizer, budgets=budgets, sampling=sampling,
+                                    before_step=self._apply_published, **runner_options)
+        self.queue: queue.Queue[Trajectory] = out_queue if out_queue is not None else queue.Queue(queue_size)
+        self.num_slots = num_slots
+        self._tasks = iter(tasks)
+        self._next_episode = first_episode_id
+        self._published = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self._in_flight = self._episodes = self._publishes = 0
+        self._started_at = self._ended_at = None
+
+    # -- control --
+
+    def start(self) -> RolloutWorker:
+        if self._thread is not None:
+            raise RuntimeError("RolloutWorker.start() was already called; a worker runs once")
+        self._started_at = time.perf_counter()
+        self._thread = threading.Thread(target=self._thread_main, name="rollout-worker", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = 60.0) -> None:
+        """Stop (in-flight episodes are abandoned: they reach the queue never, not twice) and join the thread;
+        re-raises the exception that ended the worker, if any."""
+        self._stop.set()
+        self.join(timeout)
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the worker to end (tasks exhausted and every trajectory queued, or stopped); re-raise its error."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise TimeoutError(f"rollout worker still running after {timeout} s")
+        self.raise_if_failed()
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"rollout worker failed: {type(self.error).__name__}: {self.error}") from self.error
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def get(self, timeout: float | None = None) -> Trajectory:
+        """The next trajectory; raises the worker's error if it died, `queue.Empty` after `timeout` seconds, or
+        RuntimeError when the worker ended and the queue is empty."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                return self.queue.get(timeout=0.05)
+            except queue.Empty:
+                self.raise_if_failed()
+                if self._thread is not None and not self._thread.is_alive() and self.queue.empty():
+                    raise RuntimeError("rollout worker has ended (tasks exhausted or stopped) and its queue is empty")
+                if deadline is not None and time.monotonic() > deadline:
+                    raise
+
+    def publish(self, params_state, version: int) -> None:
+        """New weights (an `nnx.State` of the model or of its params, or a model of the same structure) for tokens
+        sampled from the next decode chunk on. Thread-safe; a later publish before the swap replaces this one."""
+        if isinstance(params_state, nnx.Module):
+            params_state = nnx.state(params_state)
+        if self.sharding is not None:
+            params_state = jax.device_put(params_state, self.sharding)
+        with self._lock:
+            self._published = (params_state, int(version))
+
+    def stats(self) -> dict:
+        engine = self.engine.stats()
+        end = self._ended_at or time.perf_counter()
+        elapsed = end - self._started_at if self._started_at else 0.0
+        rate = lambda n: n / elapsed if elapsed else 0.0  # noqa: E731
+        return {"episodes": self._episodes, "episodes_per_second": rate(self._episodes),
+                "generated_tokens": engine["generated_tokens"],
+                "tokens_per_second": rate(engine["generated_tokens"]),
+                "slot_occupancy": engine["slot_occupancy"], "queue_depth": self.queue.qsize(),
+                "in_flight": self._in_flight, "policy_version": self.engine.policy_version,
+                "publishes": self._publishes, "seconds": elapsed, "running": self.running,
+                "error": None if self.error is None else repr(self.error)}
+
+    # -- the thread --
+
+    def _thread_main(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as error:  # noqa: BLE001 (surfaced through get / join / stop / stats)
+            self.error = error
+        finally:
+            self._ended_at = time.perf_counter()
+
+    async def _main(self) -> None:
+        active: set[asyncio.Task] = set()
+        exhausted = False
+        driver = asyncio.ensure_future(self.runner.drive(lambda: self._stop.is_set() or (exhausted and not active)))
+        try:
+            while not self._stop.is_set():
+                while not exhausted and len(active) < self.num_slots:
+                    task = next(self._tasks, None)
+                    if task is None:
+                        exhausted = True
+                        break
+                    active.add(asyncio.ensure_future(self._episode(task, self._next_episode)))
+                    self._next_episode += 1
+                self._in_flight = len(active)
+                if exhausted and not active:
+                    break
+                done, _ = await asyncio.wait(active | {driver}, timeout=0.1, return_when=asyncio.FIRST_COMPLETED)
+                for finished in done:
+                    if finished is driver:
+                        driver.result()  # raises the driver's failure
+                        if not self._stop.is_set() and active:
+                            raise RuntimeError("the engine driver ended while episodes were in flight")
+                        continue
+                    active.discard(finished)
+                    finished.result()  # an episode failure is a bug: surface it
+            self._in_flight = len(active)
+        finally:
+            for task in (driver, *active):
+                task.cancel()
+            await asyncio.gather(driver, *active, return_exceptions=True)
+            self._in_flight = 0
+
+    async def _episode(self, task: Mapping, episode_id: int) -> None:
+        trajectory = await self.runner.run_episode(task, episode_id)
+        while True:  # bounded queue: wait for room without blocking the event loop
+            try:
+                self.queue.put_nowait(trajectory)
+                break
+            except queue.Full:
+                if self._stop.is_set():
+                    return
+                await asyncio.sleep(0.01)
+        self._episodes += 1
+
+    def _apply_published(self) -> None:
+        """Called by the driver between decode chunks: swap in the latest published weights."""
+        with self._lock:
+            published, self._published = self._published, None
+        if published is not None:
+            state, version = published
+            nnx.update(self.model, state)
+            self.engine.update_weights(self.model, version)
+            self._publishes += 1
