@@ -1,0 +1,93 @@
+"""Benchmark: chunked vs recurrent gated delta rule on CPU as the sequence grows.
+
+Jitted forward of both forms, and forward+backward of the chunked form, at B=1, H=4, K=V=64, chunk 64; median wall
+time of a few runs after a warm-up (compile) run. Prints a markdown table and writes it to BENCHMARKS.md.
+
+Run: python -m mercury_jax.bench.gated_delta [--repeats 5] [--times 256,512,...]
+"""
+from __future__ import annotations
+
+import os
+
+os.environ["JAX_PLATFORMS"] = "cpu"  # before jax is imported: no accelerator probing, numbers are for the host
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from kernels.gated_delta import gated_delta_rule  # noqa: E402
+from mercury_jax.bench.report import markdown_table, write_section  # noqa: E402
+
+BATCH, HEADS, KEY_DIM, VALUE_DIM, CHUNK = 1, 4, 64, 64, 64
+DEFAULT_TIMES = (256, 512, 1024, 2048, 4096, 8192)
+
+
+def make_inputs(time_steps, seed=0):
+    """Contract-respecting random inputs: unit q, k (q scaled by K^-0.5), g in [-2, 0], beta in (0, 1)."""
+    rng = np.random.default_rng(seed)
+    q = rng.normal(size=(BATCH, time_steps, HEADS, KEY_DIM))
+    k = rng.normal(size=(BATCH, time_steps, HEADS, KEY_DIM))
+    q = q / np.linalg.norm(q, axis=-1, keepdims=True) * KEY_DIM ** -0.5
+    k = k / np.linalg.norm(k, axis=-1, keepdims=True)
+    v = rng.normal(size=(BATCH, time_steps, HEADS, VALUE_DIM))
+    g = rng.uniform(-2.0, 0.0, size=(BATCH, time_steps, HEADS))
+    beta = rng.uniform(0.0, 1.0, size=(BATCH, time_steps, HEADS))
+    return [jnp.asarray(x, jnp.float32) for x in (q, k, v, g, beta)]
+
+
+def median_seconds(fn, args, repeats):
+    """Median wall time of `fn(*args)` over `repeats` runs, after one warm-up run that also compiles."""
+    jax.block_until_ready(fn(*args))
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--times", default=",".join(map(str, DEFAULT_TIMES)), help="comma-separated sequence lengths")
+    parser.add_argument("--no-write", action="store_true", help="print only, leave BENCHMARKS.md alone")
+    args = parser.parse_args()
+
+    forward = {impl: jax.jit(lambda q, k, v, g, beta, impl=impl: gated_delta_rule(
+        q, k, v, g, beta, impl=impl, chunk_size=CHUNK)) for impl in ("chunked", "recurrent")}
+
+    def chunked_loss(q, k, v, g, beta):
+        out, final = gated_delta_rule(q, k, v, g, beta, impl="chunked", chunk_size=CHUNK)
+        return jnp.sum(out) + jnp.sum(final)
+
+    forward_backward = jax.jit(jax.value_and_grad(chunked_loss, argnums=range(5)))
+
+    rows = []
+    for time_steps in (int(t) for t in args.times.split(",")):
+        inputs = make_inputs(time_steps)
+        chunked_s = median_seconds(forward["chunked"], inputs, args.repeats)
+        recurrent_s = median_seconds(forward["recurrent"], inputs, args.repeats)
+        backward_s = median_seconds(forward_backward, inputs, args.repeats)
+        tokens = BATCH * time_steps
+        rows.append([time_steps, chunked_s * 1e3, tokens / chunked_s, recurrent_s * 1e3, tokens / recurrent_s,
+                     recurrent_s / chunked_s, backward_s * 1e3, tokens / backward_s])
+        print(f"T={time_steps}: chunked {chunked_s * 1e3:.2f} ms, recurrent {recurrent_s * 1e3:.2f} ms, "
+              f"chunked fwd+bwd {backward_s * 1e3:.2f} ms", flush=True)
+
+    headers = ["T", "chunked fwd ms", "chunked fwd tok/s", "recurrent fwd ms", "recurrent fwd tok/s",
+               "chunked/recurrent (tok/s ratio)", "chunked fwd+bwd ms", "chunked fwd+bwd tok/s"]
+    table = markdown_table(headers, rows)
+    body = (f"B={BATCH}, H={HEADS}, K=V={KEY_DIM}, chunk {CHUNK}, float32, jitted; median of {args.repeats} runs "
+            f"after a compile/warm-up run. fwd+bwd is `value_and_grad` w.r.t. q, k, v, g, beta.\n\n{table}")
+    print(table)
+    if not args.no_write:
+        write_section("gated_delta", "Gated delta rule: chunked vs recurrent (CPU)", body,
+                      "python -m mercury_jax.bench.gated_delta")
+
+
+if __name__ == "__main__":
+    main()
