@@ -130,6 +130,10 @@ def test_request_is_independent_of_slots_neighbours_and_order(model):
             np.testing.assert_allclose(other.logprobs, ref.logprobs, atol=ATOL, rtol=0)
     for rid in together:
         assert shuffled[rid].tokens == together[rid].tokens
+    # the same through the public API: request ids travel with the prompts
+    via_generate = generate(model, [prompts[2], prompts[0]], max_new_tokens=10, seed=5, num_slots=2,
+                            max_length=MAX_LEN, request_ids=[102, 100])
+    assert via_generate[0].tokens == alone[102].tokens and via_generate[1].tokens[:6] == alone[100].tokens
     # control: the test can fail, another request id (or seed) draws other tokens
     moved, _ = _run(model, [Request(request_id=999, prompt=prompts[1], max_new_tokens=8, seed=5)], num_slots=1)
     assert moved[999].tokens != alone[101].tokens

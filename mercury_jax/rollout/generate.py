@@ -8,12 +8,14 @@ from mercury_jax.rollout.engine import Engine, Request, Sample
 
 def generate(model: nnx.Module, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0,
              top_p: float = 1.0, top_k: int = 0, seed: int = 0, stop_token_ids=(), num_slots: int | None = None,
-             max_length: int | None = None, steps_per_sync: int = 8) -> list[Sample]:
+             max_length: int | None = None, steps_per_sync: int = 8,
+             request_ids: list[int] | None = None) -> list[Sample]:
     """One `Sample` per prompt, in order: `.tokens`, `.logprobs` (log_softmax of the unscaled logits at each
     sampled token, i.e. the policy at temperature 1), `.sampling_logprobs`, `.finish_reason` ("stop" | "length").
 
-    temperature 0 is greedy. Prompt i is request id i, so its draws depend only on (seed, i, token index), never on
-    `num_slots` or the other prompts. `max_length` caps prompt + generated tokens per sequence (default: longest
+    temperature 0 is greedy. Prompt i is request id `request_ids[i]` (default i), and its draws depend only on
+    (seed, request id, token index), never on `num_slots` or the other prompts: pass request ids to reproduce a
+    prompt's sample in another call. `max_length` caps prompt + generated tokens per sequence (default: longest
     prompt + max_new_tokens); `num_slots` defaults to min(len(prompts), 8).
     """
     if not prompts:
@@ -23,9 +25,13 @@ def generate(model: nnx.Module, prompts: list[list[int]], *, max_new_tokens: int
     if num_slots is None:
         num_slots = min(len(prompts), 8)
     engine = Engine(model, num_slots=num_slots, max_length=max_length, steps_per_sync=steps_per_sync)
-    for i, prompt in enumerate(prompts):
-        engine.submit(Request(request_id=i, prompt=list(prompt), max_new_tokens=max_new_tokens,
+    if request_ids is None:
+        request_ids = list(range(len(prompts)))
+    if len(request_ids) != len(prompts):
+        raise ValueError(f"{len(request_ids)} request ids for {len(prompts)} prompts; give one per prompt")
+    for rid, prompt in zip(request_ids, prompts):
+        engine.submit(Request(request_id=rid, prompt=list(prompt), max_new_tokens=max_new_tokens,
                               temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                               stop_token_ids=tuple(stop_token_ids)))
     results = engine.run()
-    return [results[i] for i in range(len(prompts))]
+    return [results[rid] for rid in request_ids]
