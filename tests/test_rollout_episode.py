@@ -106,7 +106,7 @@ def oracle_script(tokenizer, tasks, stride, overrides=None):
         text = overrides.get((episode, turn))
         if text is None:
             text = turns[episode][turn] if turn < len(turns[episode]) else "Done.<|im_end|>"
-        return tokenizer.encode(text)
+        return text if isinstance(text, list) else tokenizer.encode(text)
     return script
 
 
@@ -222,6 +222,14 @@ def test_endoftext_ends_a_turn_and_im_end_is_inserted_unsampled(tokenizer):
     assert traj.tokens[end] == tokenizer.im_end_id and traj.action_mask[end] == 0
 
 
+def test_ids_outside_the_vocabulary_are_a_format_error_not_a_crash(tokenizer):
+    outside = tokenizer.vocab_size + 3  # the model's embedding may be padded past the tokenizer's vocabulary
+    ids = tokenizer.encode("\n</think>\n\nDone") + [outside] + [tokenizer.im_end_id]
+    (traj,), _ = run_scripted(tokenizer, [ENTERPRISE[0]], overrides={(0, 0): ids})
+    assert traj.finish_reason == "answered" and traj.assistant_texts == ["\n</think>\n\nDone<|im_end|>"]
+    assert traj.tokens[traj.prompt_length:] == ids and any(str(outside) in e for e in traj.format_errors)
+
+
 class FaultyEpisode(Episode):
     """Tools that fail: a ToolError, a crash, a hang; grading gives 1 if the agent answered."""
 
@@ -311,6 +319,7 @@ def test_real_model_episodes_do_not_depend_on_their_neighbours(real_model, token
         # action_mask marks exactly the sampled turns; everything else is prompt or observation
         marked = [i for i, m in enumerate(traj.action_mask) if m]
         assert marked == [i for a, b in traj.turn_spans for i in range(a, b)]
+        assert [tokenizer.decode(traj.tokens[a:b]) for a, b in traj.turn_spans] == traj.assistant_texts
         assert all(lp < 0 for lp, m in zip(traj.rollout_logprobs, traj.action_mask) if m)
         assert all(lp == 0 for lp, m in zip(traj.rollout_logprobs, traj.action_mask) if not m)
         assert len(traj.tokens) <= REAL_BUDGETS.max_total_tokens

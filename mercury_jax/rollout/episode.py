@@ -129,6 +129,9 @@ class EpisodeRunner:
                     await asyncio.wait_for(wake.wait(), timeout=0.05)
                 except asyncio.TimeoutError:
                     pass
+        for request_id in self._releases:  # the last episodes' slots
+            self._forget(request_id)
+        self._releases.clear()
 
     # -- one episode --
 
@@ -172,7 +175,9 @@ class EpisodeRunner:
                     traj["action_mask"] += [1] * n
                     traj["rollout_logprobs"] += [float(x) for x in sample.logprobs]
                     traj["policy_versions"] += [int(v) for v in sample.policy_versions]
-                    text = tok.decode(sample.tokens)
+                    text, unknown = _decode(tok, sample.tokens)
+                    if unknown:
+                        format_errors.append(f"turn {turn}: sampled ids outside the tokenizer's vocabulary: {unknown}")
                     texts.append(text)
                     parsed = parse_assistant(text, tools)
                     transcript.append(parsed.to_message())
@@ -295,6 +300,22 @@ class EpisodeRunner:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.engine.num_slots)
         return self._slots
+
+
+def _decode(tokenizer: Tokenizer, ids: list[int]) -> tuple[str, list[int]]:
+    """Text of sampled `ids`, and the ids the tokenizer cannot decode (the model's embedding is padded past the
+    vocabulary: 248320 rows for 248077 Qwen3.5 tokens), which are dropped from the text rather than crash."""
+    try:
+        return tokenizer.decode(ids), []
+    except Exception:  # noqa: BLE001 (find the offending ids one by one)
+        known, unknown = [], []
+        for token in ids:
+            try:
+                tokenizer.decode([token])
+                known.append(token)
+            except Exception:  # noqa: BLE001
+                unknown.append(token)
+        return tokenizer.decode(known), unknown
 
 
 def _plain(value: Any) -> Any:
