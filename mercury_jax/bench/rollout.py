@@ -1,6 +1,6 @@
 """Rollout throughput on a tiny model: cached decode vs recomputing the prefix, continuous vs static batching.
 
-    python -m mercury_jax.bench.rollout            # prints the tables and rewrites the "rollout" section of BENCHMARKS.md
+    python -m mercury_jax.bench.rollout             # prints the tables, rewrites the "rollout" section of BENCHMARKS.md
     python -m mercury_jax.bench.rollout --no-write
 
 1. Decode: B sequences, greedy, `new` tokens each. "cache" = the sampler's jitted decode steps (prefill excluded);

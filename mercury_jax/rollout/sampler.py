@@ -1,15 +1,16 @@
 """Jitted prefill and decode over a fixed number of slots sharing one batched decode cache.
 
-The device state (`SlotState`, a dict pytree) holds the model cache for `num_slots` rows plus, per slot, the
-request it serves: its last sampled token (not yet fed to the model), how many tokens it has sampled, its token
-budget, request id, seed, sampling parameters and stop ids. Two compiled functions act on it:
+The device state (a dict pytree, `Sampler.init_state()`) holds the model cache for `num_slots` rows plus, per slot,
+the request it serves: its last sampled token (not yet fed to the model), how many tokens it has sampled, its
+token budget, request id, seed, sampling parameters and stop ids. Two compiled paths act on it:
 
 - `prefill`: feed a (bucketed, right-padded) token run into ONE slot and sample that request's first token.
   The slot's row is taken out of the batched cache (or a fresh empty row for a new sequence), advanced by a
-  1-row `model.extend`, and scattered back at the slot index (three jitted calls: take, prefill the row,
-  commit; the middle one, which holds the model, does not depend on the number of slots, so it compiles once
-  per bucket length). Compute is that of the row alone; the other slots' rows are not touched. A continuation ("append observation tokens, then generate") is the
-  same call without the reset: the row keeps its history and only the new tokens are computed.
+  1-row backbone call on the cache (what `model.extend` does, with the LM head applied to the last real position
+  only), and scattered back at the slot index. Three jitted calls: take, prefill the row, commit; the middle one,
+  which holds the model, does not depend on the number of slots, so it compiles once per bucket length. Compute
+  is that of the row alone; the other slots' rows are not touched. A continuation ("append observation tokens,
+  then generate") is the same call without the reset: the row keeps its history and only new tokens are computed.
 - `decode`: `num_steps` decode steps for all slots in one `lax.scan` (T = 1 extends). Inactive slots run with
   length 0, which leaves their cache row unchanged (attention writes are dropped, GDN state and conv window
   are kept), so a finished request's cache stays valid for a continuation. A slot stops on a stop token or when
