@@ -98,14 +98,14 @@ class ScriptedEngine:
 def oracle_script(tokenizer, tasks, stride, overrides=None):
     """Episode e (request e * stride + k) replays turn k of tasks[e]'s oracle; `overrides[(e, k)]` replaces a
     turn's text."""
-    turns = [[render_completion(m) for m in oracle_trajectory(t) if m["role"] == "assistant"] for t in tasks]
     overrides = overrides or {}
 
     def script(request_id, request):
         episode, turn = divmod(request_id, stride)
         text = overrides.get((episode, turn))
         if text is None:
-            text = turns[episode][turn] if turn < len(turns[episode]) else "Done.<|im_end|>"
+            turns = [render_completion(m) for m in oracle_trajectory(tasks[episode]) if m["role"] == "assistant"]
+            text = turns[turn] if turn < len(turns) else "Done.<|im_end|>"
         return text if isinstance(text, list) else tokenizer.encode(text)
     return script
 
@@ -228,6 +228,12 @@ def test_ids_outside_the_vocabulary_are_a_format_error_not_a_crash(tokenizer):
     (traj,), _ = run_scripted(tokenizer, [ENTERPRISE[0]], overrides={(0, 0): ids})
     assert traj.finish_reason == "answered" and traj.assistant_texts == ["\n</think>\n\nDone<|im_end|>"]
     assert traj.tokens[traj.prompt_length:] == ids and any(str(outside) in e for e in traj.format_errors)
+
+
+def test_a_broken_task_fails_run_loudly(tokenizer):
+    tasks = [ENTERPRISE[0], {**ENTERPRISE[1], "world": "atlantis"}, ENTERPRISE[2]]
+    with pytest.raises(ValueError, match="atlantis"):  # a bug in the task source is not an observation
+        run_scripted(tokenizer, tasks)
 
 
 class FaultyEpisode(Episode):

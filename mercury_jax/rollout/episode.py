@@ -95,9 +95,10 @@ class EpisodeRunner:
         driver = asyncio.ensure_future(self.drive(lambda: all(e.done() for e in episodes)))
         try:
             await asyncio.wait([driver, *episodes], return_when=asyncio.FIRST_EXCEPTION)
-            if driver.done() and driver.exception():
-                raise driver.exception()
-            return [e.result() for e in episodes]  # raises the first episode failure
+            for task in (driver, *episodes):  # a failure, if any, before results (some may be unfinished)
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    raise task.exception()
+            return [e.result() for e in episodes]
         finally:
             for task in (driver, *episodes):
                 task.cancel()
