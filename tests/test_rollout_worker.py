@@ -4,6 +4,7 @@ mid-run changes the version of later tokens only; failures surface through get /
 from __future__ import annotations
 
 import jax
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -62,6 +63,9 @@ def test_publish_mid_run_versions_later_tokens_only(model, tokenizer):  # noqa: 
     trajectories = [worker.get(timeout=120) for _ in range(3)]
     worker.join()
     assert worker.stats()["publishes"] == 1 and worker.engine.policy_version == 1
+    # published from device 0, swapped in on the worker's sub-mesh
+    assert np.array_equal(np.asarray(worker.model.lm_head[...]), np.asarray(new_weights.lm_head[...]))
+    assert set(worker.model.lm_head[...].sharding.device_set) == set(DEVICES)
     mixed = 0
     for traj in trajectories:
         sampled = [v for v, m in zip(traj.policy_versions, traj.action_mask) if m]

@@ -49,6 +49,8 @@ class RolloutWorker:
         self.model = nnx.clone(model)
         if self.sharding is not None:
             nnx.update(self.model, jax.device_put(nnx.state(self.model), self.sharding))
+        # where every weight lives: published weights (e.g. from the learner's mesh) are moved here on the swap
+        self._placement = jax.tree.map(lambda x: x.sharding, nnx.state(self.model))
         self.engine = Engine(self.model, num_slots=num_slots, max_length=max_length or budgets.max_total_tokens,
                              steps_per_sync=steps_per_sync, policy_version=policy_version)
         if self.sharding is not None:
@@ -118,8 +120,6 @@ class RolloutWorker:
         sampled from the next decode chunk on. Thread-safe; a later publish before the swap replaces this one."""
         if isinstance(params_state, nnx.Module):
             params_state = nnx.state(params_state)
-        if self.sharding is not None:
-            params_state = jax.device_put(params_state, self.sharding)
         with self._lock:
             self._published = (params_state, int(version))
 
@@ -197,5 +197,6 @@ class RolloutWorker:
         if published is not None:
             state, version = published
             nnx.update(self.model, state)
+            nnx.update(self.model, jax.device_put(nnx.state(self.model), self._placement))
             self.engine.update_weights(self.model, version)
             self._publishes += 1
