@@ -1,0 +1,209 @@
+"""The SAO trainer: rollouts -> critic values -> skip-observation GAE -> K critic updates -> one DIS policy update
+-> publish weights (ALGORITHMS.md, pipeline 1; the per-step math is in `sao_learner.py`).
+
+Device groups come from `config.devices` (rollout / actor / critic; all 0 = one shared device): the actor and the
+critic each live on their own mesh (batch sharded over it), the rollout engine on the first rollout device with
+a copy of the actor's weights that is replaced after every policy update (version = policy updates so far).
+`rollout.mode = "sync"` samples every batch with the latest weights, episode e of the run always being request
+block e with the run's seed, so a killed run resumes bit-for-bit; `"async"` runs the `RolloutWorker` in the
+background and accepts trajectories up to `sao.max_staleness` versions old.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from mercury_jax.parallel import make_mesh, shard_params
+from mercury_jax.rollout.engine import Engine
+from mercury_jax.rollout.episode import Budgets, EpisodeRunner, SamplingParams
+from mercury_jax.rollout.trajectory import Trajectory, batch_trajectories
+from mercury_jax.train import setup
+from mercury_jax.train.checkpoints import Checkpointer
+from mercury_jax.train.metrics import MetricsLogger
+from mercury_jax.train.optim import make_optimizer
+from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step
+from mercury_jax.train.state import TrainState
+from models.qwen35_moe.critic import Qwen35MoeCritic, critic_trainable
+
+log = logging.getLogger(__name__)
+PROGRESS = ("reward", "all_effects_pass", "truncation_rate", "value_loss", "dis_masked_fraction")
+
+
+class TaskStream:
+    """Train tasks in a seeded order, reshuffled each epoch; its state is the number of tasks handed out."""
+
+    def __init__(self, tasks: list[dict], seed: int, consumed: int = 0):
+        self.tasks, self.seed, self.consumed = tasks, seed, consumed
+
+    def take(self, n: int) -> list[dict]:
+        out = []
+        for _ in range(n):
+            epoch, index = divmod(self.consumed, len(self.tasks))
+            order = np.random.default_rng([self.seed, epoch]).permutation(len(self.tasks))
+            out.append(self.tasks[order[index]])
+            self.consumed += 1
+        return out
+
+
+def trajectory_metrics(trajectories: list[Trajectory]) -> dict:
+    """The released run's table for one batch: reward, all-effects pass, degenerate and truncation rates,
+    mean raw response length (action tokens), plus format errors and staleness inputs."""
+    reward = np.array([t.reward for t in trajectories])
+    return {
+        "reward": float(reward.mean()),
+        "reward_std": float(reward.std()),
+        "effects_fraction": float(np.mean([t.reward_parts.get("effects_fraction", 0.0) for t in trajectories])),
+        "all_effects_pass": float(np.mean([bool(t.reward_parts.get("all_effects_pass")) for t in trajectories])),
+        "degenerate_rate": float(np.mean([t.finish_reason == "degenerate" for t in trajectories])),
+        "truncation_rate": float(np.mean([t.finish_reason in ("token_budget", "degenerate", "turn_budget")
+                                          for t in trajectories])),
+        "response_length": float(np.mean([t.num_action_tokens for t in trajectories])),
+        "format_errors": float(np.mean([len(t.format_errors) for t in trajectories])),
+        "tool_calls": float(np.mean([len(t.tool_calls) for t in trajectories])),
+    }
+
+
+def _group_meshes(config) -> dict:
+    sizes = dict(config.devices)
+    if sum(sizes.values()) == 0:
+        device = jax.devices()[0]
+        return {name: make_mesh({}, devices=[device]) for name in sizes}
+    groups = setup.device_groups(sizes)
+    return {name: make_mesh({"fsdp": len(devices)}, devices=devices) for name, devices in groups.items()}
+
+
+def _to_mesh(batch: dict, mesh) -> dict:
+    sharding = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+    return {k: jax.device_put(np.asarray(v), sharding) for k, v in batch.items()}
+
+
+def _batch_length(trajectories: list[Trajectory], limit: int, bucket: int = 256) -> int:
+    longest = max(len(t.tokens) for t in trajectories)
+    return min(-(-longest // bucket) * bucket, -(-limit // bucket) * bucket)
+
+
+def run_sao(config: ml_collections.ConfigDict, workdir: Path):
+    from mercury_jax.train.pipelines import prepare_sft_data, run_sft_pipeline
+
+    workdir = Path(workdir)
+    if config.sft.enabled:
+        model, tokenizer = run_sft_pipeline(config, workdir)
+    else:
+        tokenizer, _ = prepare_sft_data(config, workdir)
+        model = setup.build_model(config.model, tokenizer.vocab_size, config.seed)
+    cfg, rcfg = config.sao, config.rollout
+    meshes = _group_meshes(config)
+    rollout_device = meshes["rollout"].devices.flat[0]
+
+    critic = Qwen35MoeCritic.from_policy(model)
+    shard_params(model, meshes["actor"])
+    shard_params(critic, meshes["critic"])
+    actor = TrainState.create(model, make_optimizer(cfg.actor_optimizer))
+    critic_state = TrainState.create(critic, make_optimizer(cfg.critic_optimizer), critic_trainable)
+    actor_step = make_actor_step(actor.graphdef, actor.tx, cfg)
+    critic_step = make_critic_step(critic_state.graphdef, critic_state.tx, cfg)
+    advantage_fn = make_advantage_fn(critic_state.graphdef, cfg)
+
+    train_tasks = setup.world_tasks(config.world, "train")
+    eval_tasks = setup.world_tasks(config.world, "eval")
+    checkpointer = Checkpointer(workdir / "sao" / "checkpoints", save_every=config.checkpoint.every,
+                                keep=config.checkpoint.keep, async_save=config.checkpoint.async_save)
+    start, version, consumed = 0, 0, 0
+    latest = checkpointer.latest_step()
+    if latest is not None:
+        arrays, meta = checkpointer.restore(latest, {"actor": actor.arrays(), "critic": critic_state.arrays()})
+        actor, critic_state = actor.replace_arrays(arrays["actor"]), critic_state.replace_arrays(arrays["critic"])
+        start, version, consumed = meta["step"], meta["version"], meta["tasks_consumed"]
+        print(f"[sao] resumed from step {start} (policy version {version}, {consumed} tasks consumed)", flush=True)
+    stream = TaskStream(train_tasks, config.seed, consumed)
+
+    def rollout_model():
+        """A copy of the actor's weights on the rollout device (never an alias: the actor step donates its own)."""
+        graphdef, state = nnx.split(actor.model())
+        return nnx.merge(graphdef, jax.device_put(state, rollout_device, may_alias=False))
+
+    engine = Engine(rollout_model(), num_slots=rcfg.num_slots, max_length=rcfg.max_total_tokens,
+                    policy_version=version)
+    budgets = Budgets(max_tool_turns=rcfg.max_tool_turns, max_total_tokens=rcfg.max_total_tokens,
+                      max_turn_tokens=rcfg.max_turn_tokens)
+    train_runner = EpisodeRunner(engine, tokenizer, budgets=budgets,
+                                 sampling=SamplingParams(temperature=rcfg.temperature, top_p=rcfg.top_p,
+                                                         seed=config.seed))
+    eval_runner = EpisodeRunner(engine, tokenizer, budgets=budgets,
+                                sampling=SamplingParams(temperature=rcfg.temperature, top_p=rcfg.top_p,
+                                                        seed=config.seed + 1_000_003))
+
+    def evaluate(label: str) -> dict:
+        trajectories = eval_runner.run(eval_tasks)
+        rewards = np.array([t.reward for t in trajectories])
+        result = {"label": label, **trajectory_metrics(trajectories), "reward_sem": float(rewards.std(ddof=1) /
+                                                                                        np.sqrt(len(rewards)))}
+        print(f"[sao] eval ({label}): reward {result['reward']:.3f} +- {result['reward_sem']:.3f} (sem over "
+              f"{len(rewards)} held-out tasks), all-effects pass {result['all_effects_pass']:.2f}", flush=True)
+        return result
+
+    evals_path = workdir / "sao" / "evals.jsonl"
+    if start == 0:
+        evals_path.parent.mkdir(parents=True, exist_ok=True)
+        evals_path.write_text(json.dumps({"step": 0, **evaluate("warm start")}) + "\n")
+
+    logger = MetricsLogger(workdir / "sao", total_steps=cfg.steps, name="sao", window=cfg.log_window)
+    logger.truncate(start)
+    for step in range(start + 1, cfg.steps + 1):
+        t0 = time.perf_counter()
+        tasks = stream.take(cfg.batch_prompts)
+        trajectories = train_runner.run(tasks, first_episode_id=stream.consumed - len(tasks))
+        rollout_s = time.perf_counter() - t0
+        staleness = np.array([version - t.policy_version for t in trajectories])
+        length = _batch_length(trajectories, rcfg.max_total_tokens)
+        host_batch = batch_trajectories(trajectories, length, pad_id=tokenizer.pad_id)
+        del host_batch["lengths"]
+
+        critic_batch = _to_mesh(host_batch, meshes["critic"])
+        adv, returns, values, adv_stats = advantage_fn(critic_state.params, critic_state.frozen, critic_batch)
+        critic_batch.update(returns=returns, old_values=values)
+        for _ in range(cfg.critic_epochs):
+            params, opt_state, critic_metrics = critic_step(critic_state.params, critic_state.frozen,
+                                                            critic_state.opt_state, critic_batch)
+            critic_state.params, critic_state.opt_state = params, opt_state
+        metrics = {**trajectory_metrics(trajectories), **jax.device_get(adv_stats),
+                   "value_loss": float(critic_metrics["value_loss"]), "critic_grad_norm":
+                   float(critic_metrics["grad_norm"])}
+        if step > cfg.critic_only_steps:
+            actor_batch = _to_mesh({**host_batch, "advantages": np.asarray(adv)}, meshes["actor"])
+            params, opt_state, actor_metrics = actor_step(actor.params, actor.frozen, actor.opt_state, actor_batch)
+            actor.params, actor.opt_state = params, opt_state
+            version += 1
+            engine.update_weights(rollout_model(), version)
+            metrics.update({k: float(v) for k, v in jax.device_get(actor_metrics).items() if k != "loss"})
+        step_s = time.perf_counter() - t0
+        tokens = sum(len(t.tokens) for t in trajectories)
+        metrics.update(staleness_mean=float(staleness.mean()), staleness_max=int(staleness.max()),
+                       policy_version=version, tokens_per_s=tokens / step_s, rollout_s=rollout_s,
+                       learner_s=step_s - rollout_s, batch_length=length, step_time_s=step_s)
+        logger.log(step, metrics, progress_keys=PROGRESS)
+        if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
+            with evals_path.open("a") as f:
+                f.write(json.dumps({"step": step, **evaluate(f"step {step}")}) + "\n")
+        if checkpointer.should_save(step, last=step == cfg.steps):
+            checkpointer.save(step, {"actor": actor.arrays(), "critic": critic_state.arrays()},
+                              {"step": step, "version": version, "tasks_consumed": stream.consumed})
+    checkpointer.close()
+    final = None
+    if start < cfg.steps:
+        final = evaluate("after SAO")
+        with evals_path.open("a") as f:
+            f.write(json.dumps({"step": cfg.steps, **final}) + "\n")
+    logger.plot(["reward", "all_effects_pass", "truncation_rate", "response_length", "value_loss",
+                 "explained_variance", "dis_masked_fraction"], "sao_curves.png")
+    logger.close()
+    return actor.model(), critic_state.model(), logger.history
