@@ -280,7 +280,9 @@ class EpisodeRunner:
         for request_id in [r for r in self._futures if r in self.engine.results]:
             sample = self.engine.results[request_id]
             future = self._futures.pop(request_id)
-            if not future.done():
+            if future.cancelled():  # its episode was cancelled while the turn ran: free the slot
+                self._forget(request_id)
+            elif not future.done():
                 future.set_result(sample)
             if request_id % self.request_stride:  # the previous turn's result is no longer needed
                 self._forget(request_id - 1)
