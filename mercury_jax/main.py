@@ -27,6 +27,8 @@ def _is_multihost() -> bool:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; options go after --config / --workdir")
+    if not flags.FLAGS["verbosity"].present:  # library INFO chatter (Orbax) drowns the progress lines
+        logging.set_verbosity(logging.WARNING)
     config = _CONFIG.value
     if config is None:
         raise app.UsageError("--config is required, e.g. --config experiments/sao.py:tiny")
@@ -40,10 +42,10 @@ def main(argv):
 
     workdir = _WORKDIR.value or os.path.join("runs", f"{config.pipeline}-{time.strftime('%Y%m%d-%H%M%S')}")
     os.makedirs(workdir, exist_ok=True)
-    logging.info("mercury_jax: pipeline=%s workdir=%s", config.pipeline, workdir)
-    logging.info("jax %s, flax %s, backend %s, %d devices (%d local), process %d/%d", jax.__version__,
-                 flax.__version__, jax.default_backend(), jax.device_count(), jax.local_device_count(),
-                 jax.process_index(), jax.process_count())
+    print(f"mercury_jax: pipeline={config.pipeline} workdir={workdir}\n"
+          f"jax {jax.__version__}, flax {flax.__version__}, backend {jax.default_backend()}, {jax.device_count()} "
+          f"devices ({jax.local_device_count()} local), process {jax.process_index()}/{jax.process_count()}",
+          flush=True)
     from mercury_jax.train.pipelines import PIPELINES
     PIPELINES[config.pipeline](config, workdir)
 

@@ -24,8 +24,8 @@ def prepare_sft_data(config: ml_collections.ConfigDict, workdir: Path):
     trajectories = [trajectory_from_messages(tokenizer, m, t) for m, t in zip(chats, tools)]
     sequences = [(traj.tokens, traj.action_mask) for traj in trajectories]
     lengths = [len(s[0]) for s in sequences]
-    log.info("SFT data: %d oracle trajectories, %d-%d tokens (mean %.0f), vocabulary %d", len(sequences),
-             min(lengths), max(lengths), sum(lengths) / len(lengths), tokenizer.vocab_size)
+    print(f"SFT data: {len(sequences)} oracle trajectories, {min(lengths)}-{max(lengths)} tokens "
+          f"(mean {sum(lengths) / len(lengths):.0f}), vocabulary {tokenizer.vocab_size}", flush=True)
     return tokenizer, sequences
 
 
