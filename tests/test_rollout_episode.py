@@ -95,7 +95,7 @@ class ScriptedEngine:
         return False
 
 
-def oracle_script(tokenizer, tasks, stride, overrides=None):
+def oracle_script(tokenizer, tasks, stride, overrides=None, thinking=True):
     """Episode e (request e * stride + k) replays turn k of tasks[e]'s oracle; `overrides[(e, k)]` replaces a
     turn's text."""
     overrides = overrides or {}
@@ -104,35 +104,39 @@ def oracle_script(tokenizer, tasks, stride, overrides=None):
         episode, turn = divmod(request_id, stride)
         text = overrides.get((episode, turn))
         if text is None:
-            turns = [render_completion(m) for m in oracle_trajectory(tasks[episode]) if m["role"] == "assistant"]
+            turns = [render_completion(m, enable_thinking=thinking) for m in oracle_trajectory(tasks[episode])
+                     if m["role"] == "assistant"]
             text = turns[turn] if turn < len(turns) else "Done.<|im_end|>"
         return text if isinstance(text, list) else tokenizer.encode(text)
     return script
 
 
-def run_scripted(tokenizer, tasks, *, budgets=Budgets(), overrides=None, factory=None, **options):
-    runner_options = dict(budgets=budgets, call_timeout_s=options.pop("call_timeout_s", 30.0))
+def run_scripted(tokenizer, tasks, *, budgets=Budgets(), overrides=None, factory=None, thinking=True, **options):
+    runner_options = dict(budgets=budgets, call_timeout_s=options.pop("call_timeout_s", 30.0),
+                          enable_thinking=thinking)
     if factory is not None:
         runner_options["episode_factory"] = factory
     engine = ScriptedEngine(None, **options)
     runner = EpisodeRunner(engine, tokenizer, **runner_options)
-    engine.script = oracle_script(tokenizer, tasks, runner.request_stride, overrides)
+    engine.script = oracle_script(tokenizer, tasks, runner.request_stride, overrides, thinking)
     return runner.run(tasks), engine
 
 
 # -- trajectory_from_messages --
 
+@pytest.mark.parametrize("thinking", [True, False])
 @pytest.mark.parametrize("task", TASKS[:2] + BROWSE[:1], ids=lambda t: t["task_id"])
-def test_trajectory_from_messages_decodes_to_render_and_masks_completions(tokenizer, task):
+def test_trajectory_from_messages_decodes_to_render_and_masks_completions(tokenizer, task, thinking):
     messages, tools = oracle_trajectory(task), tools_of(task)
-    traj = trajectory_from_messages(tokenizer, messages, tools, task_id=task["task_id"])
+    traj = trajectory_from_messages(tokenizer, messages, tools, task_id=task["task_id"], enable_thinking=thinking)
     # render closes the last assistant turn with "<|im_end|>\n"; the trajectory ends at the sampled <|im_end|>
-    assert tokenizer.decode(traj.tokens) + "\n" == render(messages, tools, add_generation_prompt=False)
-    completions = [render_completion(m) for m in messages if m["role"] == "assistant"]
+    assert tokenizer.decode(traj.tokens) + "\n" == render(messages, tools, add_generation_prompt=False,
+                                                          enable_thinking=thinking)
+    completions = [render_completion(m, enable_thinking=thinking) for m in messages if m["role"] == "assistant"]
     assert [tokenizer.decode(traj.tokens[a:b]) for a, b in traj.turn_spans] == completions
     action_ids = [t for t, m in zip(traj.tokens, traj.action_mask) if m]
     assert action_ids == [t for c in completions for t in tokenizer.encode(c)]
-    assert traj.prompt_length == len(tokenizer.encode(render(prompt_messages(task), tools)))
+    assert traj.prompt_length == len(tokenizer.encode(render(prompt_messages(task), tools, enable_thinking=thinking)))
     assert set(traj.policy_versions) == {-1} and set(traj.rollout_logprobs) == {0.0}
     assert traj.finish_reason == "answered" and traj.tokens[-1] == tokenizer.im_end_id
 
@@ -161,6 +165,14 @@ def test_oracle_replay_solves_every_task_with_the_rollout_token_layout(tokenizer
         assert request.continue_from == (None if turn == 0 else request.request_id - 1) and request.keep_cache
     assert set(engine.released) >= {r.request_id for r in engine.submitted}  # each forgotten once consumed
     assert engine.results == {}  # the runner forgets finished requests (a long-running worker must not grow)
+
+
+def test_oracle_replay_with_thinking_off(tokenizer):
+    tasks = ENTERPRISE[:1] + BROWSE[:1]
+    trajectories, _ = run_scripted(tokenizer, tasks, thinking=False)
+    for task, traj in zip(tasks, trajectories):
+        reference = trajectory_from_messages(tokenizer, oracle_trajectory(task), tools_of(task), enable_thinking=False)
+        assert traj.reward == 1.0 and traj.tokens == reference.tokens and traj.action_mask == reference.action_mask
 
 
 def test_turn_budget_stops_before_executing_more_tools(tokenizer):
