@@ -8,7 +8,8 @@ trajectory goes to the learner's queue at once (no group barrier, no waiting for
     worker.stats()                                  # tokens/s, episodes/s, slot occupancy, queue depth, ...
     worker.stop()                                   # re-raises the worker's exception, if any
 
-The worker owns a copy of the model (placed, replicated, on the mesh of `devices` when given) and one `Engine`.
+The worker owns a copy of the model (placed, replicated, on the mesh of `devices` when given; `copy_model=False`
+hands it the model itself, e.g. one already built on its devices) and one `Engine`.
 At most `num_slots` episodes are in flight; an episode keeps its place until its trajectory is in the (bounded)
 queue, so a slow learner slows the rollouts instead of piling up finished trajectories. Published weights are
 swapped in between decode chunks: in-flight episodes continue, and tokens sampled after the swap carry the new
@@ -42,11 +43,11 @@ class RolloutWorker:
                  max_length: int | None = None, steps_per_sync: int = 8, budgets: Budgets = Budgets(),
                  sampling: SamplingParams = SamplingParams(), queue_size: int = 1024,
                  out_queue: queue.Queue | None = None, devices=None, policy_version: int = 0,
-                 first_episode_id: int = 0, **runner_options):
+                 first_episode_id: int = 0, copy_model: bool = True, **runner_options):
         self.sharding = None
         if devices is not None:
             self.sharding = NamedSharding(Mesh(np.asarray(list(devices)), ("replica",)), PartitionSpec())
-        self.model = nnx.clone(model)
+        self.model = nnx.clone(model) if copy_model else model  # copy_model=False: `model` is the worker's own
         if self.sharding is not None:
             nnx.update(self.model, jax.device_put(nnx.state(self.model), self.sharding))
         # where every weight lives: published weights (e.g. from the learner's mesh) are moved here on the swap
