@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from mercury_jax.chat import render, render_completion, train_sentencepiece_tokenizer
-from mercury_jax.envs import oracle_trajectory, presets
+from mercury_jax.envs import make_episode, oracle_trajectory, presets
 from mercury_jax.envs.episode import Episode
 from mercury_jax.rollout import Engine
 from mercury_jax.rollout.engine import Sample
@@ -30,15 +30,11 @@ TASKS = ENTERPRISE + BROWSE
 
 
 def tools_of(task):
+    """The task's tool schemas, as an episode offers them."""
     async def get():
-        async with presets_episode(task) as ep:
+        async with make_episode(task) as ep:
             return await ep.tools()
     return asyncio.run(get())
-
-
-def presets_episode(task):
-    from mercury_jax.envs import make_episode
-    return make_episode(task)
 
 
 @pytest.fixture(scope="session")
