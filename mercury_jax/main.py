@@ -46,6 +46,8 @@ def main(argv):
           f"jax {jax.__version__}, flax {flax.__version__}, backend {jax.default_backend()}, {jax.device_count()} "
           f"devices ({jax.local_device_count()} local), process {jax.process_index()}/{jax.process_count()}",
           flush=True)
+    from mercury_jax.export import save_run_config  # workdir/config.json: lets `mercury_jax.export` rebuild the model
+    save_run_config(config, workdir)
     from mercury_jax.train.pipelines import PIPELINES
     PIPELINES[config.pipeline](config, workdir)
 

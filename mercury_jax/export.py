@@ -1,0 +1,238 @@
+"""Export the policy of a training run as a Hugging Face checkpoint (released text-only layout, via `save_hf`).
+
+    python -m mercury_jax.export --workdir runs/sao-20260101-120000 --out /tmp/sao-hf \
+        [--step N] [--stage sao|sft] [--dtype bfloat16|float32] [--experts fused|unfused]
+
+What a run directory must hold, and where it comes from:
+- `config.json`: the run's full config, written by `save_run_config` (`mercury_jax.main` calls it before the
+  pipeline starts). It says how the model was built (`model.hf_path` or `model.preset` + `overrides`) and which
+  tokenizer the run used. A run started before this file existed can be given one with
+  `save_run_config(get_config("tiny"), workdir)` (plus the same overrides as the run).
+- the tokenizer: for `tokenizer.kind = "sentencepiece"` the model trained into `workdir/tokenizer/`; for
+  `"qwen35"` the Qwen3.5 BPE. Its vocabulary size fixes the embedding shape of a from-scratch (`preset`) model.
+- the Orbax checkpoints `workdir/sao/checkpoints/STEP` (SAO: `arrays/actor/params`) or
+  `workdir/sft/checkpoints/STEP` (SFT: `arrays/params`); the latest step unless `--step`.
+
+Only the policy's parameters are read (partial restore, as host numpy arrays): the critic and the optimiser
+moments are never loaded, and no accelerator is needed. Host memory holds the fp32 policy (35B-A3B: ~140 GB).
+Next to the weights go `chat_template.jinja` (the template the run trained with, `BUILTIN_CHAT_TEMPLATE`, so that
+transformers / vLLM / SGLang render the same prompts), the tokenizer files of `model.hf_path` when the run started
+from an HF checkpoint, and for a SentencePiece run its model file as `sentencepiece.model` (a SentencePiece model
+with the Qwen3.5 special tokens at ids 1..33, not an HF tokenizer; load it with
+`mercury_jax.chat.SentencePieceTokenizer`).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import ml_collections
+import numpy as np
+
+RUN_CONFIG = "config.json"
+STAGES = ("sao", "sft")
+# The policy's arrays inside each stage's checkpoint (`Checkpointer.save(step, arrays, meta)`).
+POLICY_SUBTREES = {"sao": (("actor", "params"), ("actor", "frozen")), "sft": (("params",), ("frozen",))}
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+                      "special_tokens_map.json", "generation_config.json")
+
+
+class ExportError(ValueError):
+    """The run directory lacks what the export needs; the message says what and how to get it."""
+
+
+def save_run_config(config: ml_collections.ConfigDict, workdir: str | Path) -> Path:
+    """Write the run's config to `workdir/config.json` (process 0 only), for tools that rebuild the run's model."""
+    import jax
+
+    path = Path(workdir) / RUN_CONFIG
+    if jax.process_index() == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def load_run_config(workdir: str | Path) -> ml_collections.ConfigDict:
+    path = Path(workdir) / RUN_CONFIG
+    if not path.exists():
+        raise ExportError(f"{path} does not exist: runs started by `python -m mercury_jax.main` write it; for an older "
+                          f"run write it with mercury_jax.export.save_run_config(config, {str(workdir)!r}) using the "
+                          f"run's experiment config and overrides")
+    return ml_collections.ConfigDict(json.loads(path.read_text()))
+
+
+def checkpoint_steps(checkpoint_dir: str | Path) -> list[int]:
+    """The finished (committed) checkpoint steps of an Orbax checkpoint directory, ascending."""
+    checkpoint_dir = Path(checkpoint_dir)
+    if not checkpoint_dir.is_dir():
+        return []
+    return sorted(int(p.name) for p in checkpoint_dir.iterdir() if p.name.isdigit() and (p / "arrays").is_dir())
+
+
+def run_tokenizer_file(config: ml_collections.ConfigDict, workdir: str | Path) -> Path | None:
+    """The SentencePiece model a run trained (None for the Qwen3.5 BPE)."""
+    if config.tokenizer.kind != "sentencepiece":
+        return None
+    directory = Path(workdir) / "tokenizer"
+    files = sorted(directory.glob(f"spm-{config.tokenizer.vocab_size}-*.model"), key=lambda p: p.stat().st_mtime)
+    if not files:
+        raise ExportError(f"no SentencePiece model spm-{config.tokenizer.vocab_size}-*.model in {directory}; the run "
+                          f"trains it at start-up (tokenizer.kind = 'sentencepiece'), so the workdir is incomplete")
+    return files[-1]  # several only if the corpus changed between restarts; the newest is the one in use
+
+
+def run_vocab_size(config: ml_collections.ConfigDict, workdir: str | Path) -> int:
+    from mercury_jax.chat import SentencePieceTokenizer, qwen35_tokenizer
+
+    if config.tokenizer.kind == "qwen35":
+        return qwen35_tokenizer().vocab_size
+    if config.tokenizer.kind == "sentencepiece":
+        return SentencePieceTokenizer(run_tokenizer_file(config, workdir)).vocab_size
+    raise ExportError(f"tokenizer.kind {config.tokenizer.kind!r} is not 'qwen35' or 'sentencepiece'")
+
+
+def abstract_policy(config: ml_collections.ConfigDict, workdir: str | Path):
+    """The run's policy with abstract (shape-only) parameters, built as `setup.build_model` builds it."""
+    from flax import nnx
+
+    from models.qwen35_moe import Qwen35MoeConfig, Qwen35MoeForCausalLM
+
+    model_cfg = config.model
+    if model_cfg.hf_path:  # the structure comes from the HF config; the weights come from our checkpoint
+        config_file = Path(model_cfg.hf_path) / "config.json"
+        if not config_file.exists():
+            raise ExportError(f"the run started from model.hf_path {model_cfg.hf_path}, whose config.json is not "
+                              f"here; copy that checkpoint's config.json to {config_file}")
+        cfg = Qwen35MoeConfig.from_hf(config_file, param_dtype="float32", dtype=model_cfg.dtype,
+                                      remat_policy=model_cfg.remat_policy, moe_impl=model_cfg.moe_impl)
+        return nnx.eval_shape(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0)))
+    from mercury_jax.train.setup import build_model
+
+    vocab_size = run_vocab_size(config, workdir)
+    return nnx.eval_shape(lambda: build_model(model_cfg, vocab_size, config.seed))
+
+
+def read_checkpoint_arrays(arrays_dir: str | Path, subtree: tuple[str, ...] = ()
+                           ) -> dict[tuple[str, ...], np.ndarray]:
+    """The arrays under `subtree` of an Orbax checkpoint item (e.g. `.../sao/checkpoints/3/arrays`, ("actor",
+    "params")) as host numpy arrays keyed by their path below `subtree` (nnx `value` leaves named by their
+    variable); nothing else is read, and the saving devices need not exist."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    checkpointer = ocp.PyTreeCheckpointer()
+    tree = checkpointer.metadata(arrays_dir).item_metadata.tree
+    for key in subtree:
+        tree = tree.get(key, {}) if isinstance(tree, dict) else {}
+    if not tree:
+        return {}
+    part = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), tree)
+    for key in reversed(subtree):
+        part = {key: part}
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), part)
+    restored = checkpointer.restore(arrays_dir, args=ocp.args.PyTreeRestore(item=part, restore_args=restore_args,
+                                                                             partial_restore=True))
+    for key in subtree:
+        restored = restored[key]
+    arrays = {}
+    for path, array in jax.tree_util.tree_flatten_with_path(restored)[0]:
+        names = tuple(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+        arrays[names[:-1] if names and names[-1] == "value" else names] = np.asarray(array)
+    return arrays
+
+
+def restore_policy(workdir: str | Path, *, step: int | None = None, stage: str | None = None):
+    """(policy model with the checkpoint's weights as host arrays, stage, step) of a run."""
+    from flax import nnx
+
+    workdir = Path(workdir)
+    config = load_run_config(workdir)
+    stage = stage or config.pipeline
+    if stage not in STAGES:
+        raise ExportError(f"stage {stage!r} is not one of {STAGES}")
+    checkpoint_dir = workdir / stage / "checkpoints"
+    steps = checkpoint_steps(checkpoint_dir)
+    if not steps:
+        others = {s: checkpoint_steps(workdir / s / "checkpoints") for s in STAGES if s != stage}
+        hint = "; ".join(f"{s} has steps {v} (pass --stage {s})" for s, v in others.items() if v)
+        raise ExportError(f"no {stage} checkpoint in {checkpoint_dir}" + (f"; {hint}" if hint else
+                          "; the run has not saved one yet (checkpoint.every) or the workdir is wrong"))
+    step = steps[-1] if step is None else step
+    if step not in steps:
+        raise ExportError(f"{stage} checkpoint step {step} does not exist in {checkpoint_dir}; available steps: "
+                          f"{steps}")
+
+    model = abstract_policy(config, workdir)
+    graphdef, abstract_state = nnx.split(model)
+    flat = nnx.to_flat_state(abstract_state)
+    arrays_dir = checkpoint_dir / str(step) / "arrays"
+    by_path = {}
+    for keys in POLICY_SUBTREES[stage]:
+        by_path.update(read_checkpoint_arrays(arrays_dir, keys))
+    for path, variable in flat:
+        name = tuple(str(k) for k in path)
+        if name not in by_path:
+            raise ExportError(f"{arrays_dir} has no array for policy parameter {'.'.join(name)}; the run's "
+                              f"config.json does not describe the model this checkpoint holds")
+        array = by_path.pop(name)
+        if tuple(array.shape) != tuple(variable.shape):
+            raise ExportError(f"{arrays_dir}: {'.'.join(name)} has shape {tuple(array.shape)}, the model from the "
+                              f"run's config.json expects {tuple(variable.shape)}")
+        variable.set_value(np.asarray(array, dtype=variable.dtype))
+    if by_path:
+        raise ExportError(f"{arrays_dir} holds policy arrays the rebuilt model lacks: {sorted(by_path)[:10]}")
+    return nnx.merge(graphdef, nnx.from_flat_state(flat)), stage, step
+
+
+def export_run(workdir: str | Path, out: str | Path, *, step: int | None = None, stage: str | None = None,
+               dtype: str = "bfloat16", experts: str = "fused") -> Path:
+    """Write the run's policy (checkpoint `step`, default latest) to `out` as an HF checkpoint; returns `out`."""
+    import jax.numpy as jnp
+
+    from mercury_jax.chat import BUILTIN_CHAT_TEMPLATE
+    from models.qwen35_moe import save_hf
+
+    if dtype not in ("bfloat16", "float32"):
+        raise ExportError(f"--dtype {dtype!r}: use bfloat16 (release) or float32 (exact)")
+    if experts not in ("fused", "unfused"):
+        raise ExportError(f"--experts {experts!r}: use fused (released layout) or unfused (per-expert tensors)")
+    workdir, out = Path(workdir), Path(out)
+    model, stage, step = restore_policy(workdir, step=step, stage=stage)
+    save_hf(model, out, dtype=jnp.dtype(dtype), experts=experts)
+    config = load_run_config(workdir)
+    if config.model.hf_path:
+        for name in HF_TOKENIZER_FILES:
+            if (Path(config.model.hf_path) / name).exists():
+                shutil.copyfile(Path(config.model.hf_path) / name, out / name)
+    spm_file = run_tokenizer_file(config, workdir)
+    if spm_file is not None:
+        shutil.copyfile(spm_file, out / "sentencepiece.model")
+    (out / "chat_template.jinja").write_text(BUILTIN_CHAT_TEMPLATE, encoding="utf-8")
+    (out / "mercury_export.json").write_text(json.dumps(
+        {"workdir": str(workdir.absolute()), "stage": stage, "step": step, "dtype": dtype, "experts": experts},
+        indent=2) + "\n")
+    return out
+
+
+def main(argv=None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m mercury_jax.export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", required=True, help="the run directory (holds config.json and checkpoints)")
+    parser.add_argument("--out", required=True, help="output directory of the HF checkpoint")
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    parser.add_argument("--stage", choices=STAGES, default=None, help="which policy (default: the run's pipeline)")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    parser.add_argument("--experts", choices=("fused", "unfused"), default="fused")
+    args = parser.parse_args(argv)
+    try:
+        out = export_run(args.workdir, args.out, step=args.step, stage=args.stage, dtype=args.dtype,
+                         experts=args.experts)
+    except ExportError as error:
+        parser.exit(2, f"mercury_jax.export: error: {error}\n")
+    print(f"exported {args.workdir} -> {out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
