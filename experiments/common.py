@@ -4,12 +4,26 @@ from __future__ import annotations
 import ml_collections
 
 
+def base_config(pipeline: str, arg: str | None) -> tuple[ml_collections.ConfigDict, bool]:
+    """(config with pipeline, seed, model, tokenizer and world set, whether the variant is `tiny`)."""
+    if arg not in (None, "", "tiny"):
+        raise ValueError(f"unknown variant {arg!r} of experiments/{pipeline}.py; use ':tiny' or nothing")
+    tiny = arg == "tiny"
+    c = ml_collections.ConfigDict()
+    c.pipeline = pipeline
+    c.seed = 0
+    c.model = model_config(tiny)
+    c.tokenizer = tokenizer_config(tiny)
+    c.world = world_config(tiny)
+    return c, tiny
+
+
 def model_config(tiny: bool) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.hf_path = "" if tiny else "/checkpoints/Qwen3.5-35B-A3B"  # an HF checkpoint directory (real runs)
     c.preset = "tiny" if tiny else ""                             # build from scratch instead (tiny demos)
     c.overrides = ml_collections.ConfigDict(
-        dict(hidden_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+        dict(hidden_size=96, num_hidden_layers=4, full_attention_interval=2, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
              linear_key_head_dim=24, linear_value_head_dim=24, linear_num_key_heads=2, linear_num_value_heads=4,
              moe_intermediate_size=64, shared_expert_intermediate_size=96, num_experts=8, num_experts_per_tok=2)
         if tiny else {})
@@ -33,7 +47,7 @@ def world_config(tiny: bool, name: str = "enterprise") -> ml_collections.ConfigD
     c.corpus_dir = ""            # a corpus written by `python -m mercury_jax.envs.generate`; "" = generate in process
     c.train_seed = 0
     c.eval_seed = 10_000         # held-out tasks come from a disjoint seed range
-    c.num_train_tasks = 256 if tiny else 38_670
+    c.num_train_tasks = 1024 if tiny else 38_670
     c.num_eval_tasks = 32 if tiny else 512
     c.tasks_per_world = 10
     return c

@@ -22,15 +22,7 @@ from experiments.sft import sft_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    tiny = arg == "tiny"
-    if arg not in (None, "", "tiny"):
-        raise ValueError(f"unknown variant {arg!r} of experiments/sao.py; use ':tiny' or nothing")
-    c = ml_collections.ConfigDict()
-    c.pipeline = "sao"
-    c.seed = 0
-    c.model = common.model_config(tiny)
-    c.tokenizer = common.tokenizer_config(tiny)
-    c.world = common.world_config(tiny)
+    c, tiny = common.base_config("sao", arg)
     c.sft = sft_config(tiny)
     c.sft.enabled = tiny          # warm start on oracle trajectories before SAO (the released run starts from HF)
     c.checkpoint = common.checkpoint_config(every=5 if tiny else 10)

@@ -12,7 +12,7 @@ from experiments import common
 
 def sft_config(tiny: bool) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
-    c.steps = 150 if tiny else 2000
+    c.steps = 200 if tiny else 2000
     c.batch_rows = 8 if tiny else 64
     c.row_length = 800 if tiny else 32768
     c.optimizer = ml_collections.ConfigDict(dict(lr=3e-3 if tiny else 1e-5, warmup_steps=20 if tiny else 50,
@@ -22,15 +22,7 @@ def sft_config(tiny: bool) -> ml_collections.ConfigDict:
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    tiny = arg == "tiny"
-    if arg not in (None, "", "tiny"):
-        raise ValueError(f"unknown variant {arg!r} of experiments/sft.py; use ':tiny' or nothing")
-    c = ml_collections.ConfigDict()
-    c.pipeline = "sft"
-    c.seed = 0
-    c.model = common.model_config(tiny)
-    c.tokenizer = common.tokenizer_config(tiny)
-    c.world = common.world_config(tiny)
+    c, tiny = common.base_config("sft", arg)
     c.sft = sft_config(tiny)
     c.checkpoint = common.checkpoint_config(every=50 if tiny else 500)
     return c
