@@ -81,6 +81,12 @@ def _group_meshes(config) -> dict:
     return {name: make_mesh({"fsdp": len(devices)}, devices=devices) for name, devices in groups.items()}
 
 
+def _onto_mesh(tree, mesh):
+    """Leaves not yet on `mesh` (tx.init's step counts, created on the default device) replicated over it."""
+    devices, replicated = set(mesh.devices.flat), NamedSharding(mesh, PartitionSpec())
+    return jax.tree.map(lambda x: x if x.sharding.device_set == devices else jax.device_put(x, replicated), tree)
+
+
 def _to_mesh(batch: dict, mesh) -> dict:
     sharding = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
     return {k: jax.device_put(np.asarray(v), sharding) for k, v in batch.items()}
@@ -109,6 +115,8 @@ def run_sao(config: ml_collections.ConfigDict, workdir: Path):
     shard_params(critic, meshes["critic"])
     actor = TrainState.create(model, make_optimizer(cfg.actor_optimizer))
     critic_state = TrainState.create(critic, make_optimizer(cfg.critic_optimizer), critic_trainable)
+    actor.opt_state = _onto_mesh(actor.opt_state, meshes["actor"])  # before a restore commits them to device 0
+    critic_state.opt_state = _onto_mesh(critic_state.opt_state, meshes["critic"])
     actor_step = make_actor_step(actor.graphdef, actor.tx, cfg)
     critic_step = make_critic_step(critic_state.graphdef, critic_state.tx, cfg)
     advantage_fn = make_advantage_fn(critic_state.graphdef, cfg)

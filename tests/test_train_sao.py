@@ -1,0 +1,258 @@
+"""The SAO trainer end to end on the 8-device CPU mesh, its resume, its HF export, and fail-fast config checks.
+
+One uninterrupted tiny run (3 steps: 1 critic-only, then 2 with policy updates; rollout / actor / critic on 4 / 2 /
+2 devices, a checkpoint every step) serves most tests; its checkpoints are read back with
+`mercury_jax.export.read_checkpoint_arrays`. The tiny policy after 2 SFT steps earns reward 0 on every task, which
+makes every advantage, value target and gradient 0 (nothing would move, and every test below would pass
+vacuously); so the runs score trajectories with a synthetic, deterministic reward of their action tokens. Two
+test-side wrappers, patched into `mercury_jax.train.sao`, do that and record the weights the trainer publishes to
+the rollout engine.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+from experiments.sao import get_config
+from mercury_jax.export import ExportError, export_run, main as export_main, read_checkpoint_arrays, save_run_config
+from mercury_jax.rollout.engine import Engine
+from mercury_jax.rollout.episode import EpisodeRunner
+from mercury_jax.train import sao as sao_module
+from mercury_jax.train.validate import ConfigError, validate_config
+
+REPO = Path(__file__).resolve().parents[1]
+TOTAL_STEPS, KILLED_AT, CRITIC_ONLY = 3, 2, 1
+TIMING_KEYS = ("tokens_per_s", "rollout_s", "learner_s", "step_time_s")
+
+
+def tiny_sao_config(steps: int):
+    c = get_config("tiny")
+    c.sft.steps, c.sft.batch_rows, c.sft.log_every = 2, 2, 1
+    c.sao.steps, c.sao.batch_prompts, c.sao.critic_only_steps, c.sao.eval_every = steps, 4, CRITIC_ONLY, 0
+    c.rollout.num_slots, c.rollout.max_total_tokens = 4, 512
+    c.rollout.max_turn_tokens, c.rollout.max_tool_turns = 32, 2
+    c.world.num_train_tasks, c.world.num_eval_tasks = 8, 2
+    c.checkpoint.every, c.checkpoint.keep = 1, 10
+    c.devices.rollout, c.devices.actor, c.devices.critic = 4, 2, 2
+    return c
+
+
+def synthetic_reward(trajectory) -> float:
+    """A deterministic score in [0, 1] of the sampled tokens (varies across trajectories, so advantages do)."""
+    actions = [tok for tok, m in zip(trajectory.tokens, trajectory.action_mask) if m]
+    return (sum(actions) % 11) / 10.0
+
+
+class ScoringRunner(EpisodeRunner):
+    def run(self, tasks, **kwargs):
+        return [dataclasses.replace(t, reward=synthetic_reward(t)) for t in super().run(tasks, **kwargs)]
+
+
+class RecordingEngine(Engine):
+    """An Engine that keeps (version, host copy of the weights, devices) of every `update_weights`."""
+
+    def __init__(self, model, **kwargs):
+        super().__init__(model, **kwargs)
+        self.published = []
+        RecordingEngine.last = self
+
+    def update_weights(self, model, version=None):
+        state = nnx.state(model)
+        devices = {d for leaf in jax.tree.leaves(state) for d in leaf.devices()}
+        self.published.append((version, jax.device_get(nnx.to_pure_dict(state)), devices))
+        super().update_weights(model, version)
+
+
+def run(config, workdir: Path):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sao_module, "EpisodeRunner", ScoringRunner)
+        patch.setattr(sao_module, "Engine", RecordingEngine)
+        save_run_config(config, workdir)
+        actor, critic, history = sao_module.run_sao(config, workdir)
+    return actor, critic, history, RecordingEngine.last.published
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("sao_full")
+    actor, critic, history, published = run(tiny_sao_config(TOTAL_STEPS), workdir)
+    return dict(workdir=workdir, actor=actor, critic=critic, history=history, published=published)
+
+
+def _sao_arrays(workdir: Path, step: int, *subtree: str) -> dict:
+    return read_checkpoint_arrays(workdir / "sao" / "checkpoints" / str(step) / "arrays", subtree)
+
+
+def _sft_params(workdir: Path) -> dict:
+    return read_checkpoint_arrays(workdir / "sft" / "checkpoints" / "2" / "arrays", ("params",))
+
+
+def _pure(model) -> dict:
+    flat = nnx.to_flat_state(nnx.state(model))
+    return {tuple(str(k) for k in path): np.asarray(jax.device_get(v[...])) for path, v in flat}
+
+
+# ------------------------------------------------------------------------------------------------ the trainer
+@pytest.mark.slow
+def test_sao_steps_on_device_groups_finite_losses_and_publishes_weights(full_run):
+    history, published = full_run["history"], full_run["published"]
+    assert [r["step"] for r in history] == list(range(1, TOTAL_STEPS + 1))
+    for record in history:
+        for key in ("value_loss", "critic_grad_norm", "explained_variance", "reward"):
+            assert math.isfinite(record[key]), (record["step"], key)
+        assert record["staleness_max"] == 0  # sync rollouts: every batch sampled by the latest weights
+    assert history[0]["value_loss"] > 0 and history[0]["critic_grad_norm"] > 0  # synthetic reward: real signal
+    actor_records = history[CRITIC_ONLY:]
+    for record in actor_records:
+        for key in ("policy_loss", "grad_norm", "dis_masked_fraction", "logp_train_rollout_gap"):
+            assert math.isfinite(record[key]), (record["step"], key)
+        assert record["grad_norm"] > 0
+        # the sampler's log-probs are the actor's own (fp32 both sides; sampler decode vs chunked training
+        # forward differ by ~1e-7): a rollout engine with stale weights would be off by the last update
+        assert record["logp_train_rollout_gap"] < 1e-4
+    assert "policy_loss" not in history[0]
+    assert [r["policy_version"] for r in history] == [max(0, s - CRITIC_ONLY) for s in range(1, TOTAL_STEPS + 1)]
+
+    # every policy update is published to the (one) rollout device, with the next version, and the last one holds
+    # exactly the actor's final weights
+    assert [v for v, _, _ in published] == list(range(1, TOTAL_STEPS - CRITIC_ONLY + 1))
+    rollout_devices = set().union(*(devices for _, _, devices in published))
+    assert len(rollout_devices) == 1
+    final = {tuple(str(getattr(k, "key", getattr(k, "idx", k))) for k in p): np.asarray(v) for p, v in
+             jax.tree_util.tree_flatten_with_path(published[-1][1])[0]}
+    actor = _pure(full_run["actor"])
+    assert set(final) == set(actor)
+    for path, value in final.items():
+        np.testing.assert_array_equal(value, actor[path], err_msg=str(path))
+    # the actor and the critic live on their own device groups
+    actor_devices = {d for leaf in jax.tree.leaves(nnx.state(full_run["actor"])) for d in leaf.devices()}
+    critic_devices = {d for leaf in jax.tree.leaves(nnx.state(full_run["critic"])) for d in leaf.devices()}
+    assert len(actor_devices) == 2 and len(critic_devices) == 2
+    assert not (actor_devices & critic_devices) and not (rollout_devices & (actor_devices | critic_devices))
+
+
+@pytest.mark.slow
+def test_critic_only_phase_leaves_the_actor_bitwise_unchanged(full_run):
+    workdir = full_run["workdir"]
+    sft = _sft_params(workdir)
+    for step in range(1, CRITIC_ONLY + 1):
+        actor = _sao_arrays(workdir, step, "actor", "params")
+        assert set(actor) == set(sft)
+        for path in sft:
+            np.testing.assert_array_equal(actor[path], sft[path], err_msg=f"step {step} {path}")
+    after = _sao_arrays(workdir, CRITIC_ONLY + 1, "actor", "params")
+    assert any(not np.array_equal(after[p], sft[p]) for p in sft), "the first policy update changed nothing"
+
+
+@pytest.mark.slow
+def test_critic_token_mixing_and_embedding_frozen_rest_trains(full_run):
+    workdir = full_run["workdir"]
+    sft = _sft_params(workdir)
+    frozen = _sao_arrays(workdir, TOTAL_STEPS, "critic", "frozen")
+    trainable = _sao_arrays(workdir, TOTAL_STEPS, "critic", "params")
+    is_token_mixing = {p: "mixer" in p or "embed" in p for p in sft}
+    assert {p for p in sft if p[0] == "model" and is_token_mixing[p]} == set(frozen)
+    assert not any("mixer" in p or "embed" in p for p in trainable)
+    for path, value in frozen.items():  # the critic was copied from the SFT policy and these never move
+        np.testing.assert_array_equal(value, sft[path], err_msg=str(path))
+    backbone = [p for p in trainable if p[0] == "model"]
+    assert backbone and {("value_head",), ("value_bias",)} <= set(trainable)
+    unchanged = [p for p in backbone if np.array_equal(trainable[p], sft[p])]
+    assert not unchanged, f"trainable critic parameters that never moved: {unchanged}"
+    assert np.any(trainable[("value_head",)] != 0)  # zero-initialised head has learned
+
+
+# ------------------------------------------------------------------------------------------------ resume
+@pytest.mark.slow
+def test_killed_run_resumes_with_identical_metrics(full_run, tmp_path):
+    workdir = tmp_path / "resumed"
+    _, _, first, _ = run(tiny_sao_config(KILLED_AT), workdir)
+    assert [r["step"] for r in first] == list(range(1, KILLED_AT + 1))
+    _, _, resumed, _ = run(tiny_sao_config(TOTAL_STEPS), workdir)
+    assert [r["step"] for r in resumed] == list(range(1, TOTAL_STEPS + 1))
+    for ours, reference in zip(resumed[KILLED_AT:], full_run["history"][KILLED_AT:]):
+        keys = set(reference) - set(TIMING_KEYS)
+        assert set(ours) - set(TIMING_KEYS) == keys
+        assert {k: ours[k] for k in keys} == {k: reference[k] for k in keys}, ours["step"]
+
+
+# ------------------------------------------------------------------------------------------------ export
+@pytest.mark.slow
+def test_fp32_export_of_a_trained_run_matches_in_transformers(full_run, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "hf"
+    export_main(["--workdir", str(full_run["workdir"]), "--out", str(out), "--dtype", "float32"])
+    assert {"config.json", "model.safetensors", "chat_template.jinja", "sentencepiece.model"} <= {
+        p.name for p in out.iterdir()}
+    hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    actor = full_run["actor"]
+    ids = np.random.RandomState(0).randint(0, actor.config.vocab_size, size=(2, 40))
+    with torch.no_grad():
+        theirs = hf(torch.as_tensor(ids)).logits.float().numpy()
+    ours = np.asarray(nnx.jit(lambda m, x: m(x))(actor, ids))
+    # same fp32 weights, fp32 compute on both sides: agreement to float rounding
+    np.testing.assert_allclose(theirs, ours, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_export_names_available_steps_and_stages(full_run, tmp_path):
+    with pytest.raises(ExportError, match=r"step 99 does not exist .* available steps: \[1, 2, 3\]"):
+        export_run(full_run["workdir"], tmp_path / "x", step=99)
+    sft = export_run(full_run["workdir"], tmp_path / "sft", stage="sft", dtype="float32")
+    assert (sft / "model.safetensors").exists()
+    bare = tmp_path / "bare"
+    with pytest.raises(ExportError, match="config.json does not exist"):
+        export_run(bare, tmp_path / "y")
+    save_run_config(tiny_sao_config(1), bare)
+    with pytest.raises(ExportError, match="no sao checkpoint in"):
+        export_run(bare, tmp_path / "y")
+
+
+# ------------------------------------------------------------------------------------------------ fail fast
+def _main_with_typo(tmp_path):
+    return subprocess.run(
+        [sys.executable, "-m", "mercury_jax.main", "--config", "experiments/sao.py:tiny", "--config.sao.typo=1",
+         "--workdir", str(tmp_path / "run")], cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+
+
+def test_unknown_config_field_fails_in_flag_parsing_before_any_work(tmp_path):
+    result = _main_with_typo(tmp_path)
+    assert result.returncode != 0
+    assert "typo" in result.stderr, result.stderr[-2000:]
+    assert not (tmp_path / "run").exists()  # nothing started
+
+
+@pytest.mark.xfail(strict=True, reason="mercury_jax.main lets ml_collections' AttributeError \"'typo'\" escape as a "
+                   "traceback; its last line should name the field (config.sao.typo) and the fix")
+def test_unknown_config_field_message_names_the_dotted_field(tmp_path):
+    last_line = _main_with_typo(tmp_path).stderr.strip().splitlines()[-1]
+    assert "sao.typo" in last_line, last_line
+
+
+def test_missing_checkpoint_path_fails_with_the_fix():
+    config = tiny_sao_config(1)
+    config.model.hf_path = "/nonexistent/Qwen3.5-35B-A3B"
+    with pytest.raises(ConfigError, match=r"model.hf_path .*/nonexistent/Qwen3.5-35B-A3B.* does not exist"):
+        validate_config(config)
+
+
+def test_batch_not_divisible_by_actor_devices_fails_with_the_fix():
+    config = tiny_sao_config(1)
+    config.devices.rollout, config.devices.actor, config.devices.critic = 1, 3, 2
+    with pytest.raises(ConfigError, match=r"batch_prompts 4 is not divisible by the 3 actor devices; change "
+                                          r"sao.batch_prompts or devices.actor"):
+        validate_config(config)
+    config.devices.actor = 2
+    validate_config(config)  # and the divisible layout passes
