@@ -82,6 +82,24 @@ def run(config, workdir: Path):
     return actor, critic, history, RecordingEngine.last.published
 
 
+@pytest.fixture(scope="module", autouse=True)
+def persistent_compilation_cache(tmp_path_factory):
+    """The resumed run compiles the same programs as the uninterrupted one: compile each once (saves ~1 minute)."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+            "jax_persistent_cache_min_entry_size_bytes")
+    saved = {key: jax.config.values[key] for key in keys}
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    compilation_cache.reset_cache()
+    yield
+    for key, value in saved.items():
+        jax.config.update(key, value)
+    compilation_cache.reset_cache()
+
+
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("sao_full")
