@@ -24,7 +24,8 @@ import torch
 from flax import nnx
 
 from experiments.sao import get_config
-from mercury_jax.export import ExportError, export_run, main as export_main, read_checkpoint_arrays, save_run_config
+from mercury_jax.export import (ExportError, export_run, load_run_config, main as export_main, read_checkpoint_arrays,
+                                save_run_config)
 from mercury_jax.rollout.engine import Engine
 from mercury_jax.rollout.episode import EpisodeRunner
 from mercury_jax.train import sao as sao_module
@@ -235,6 +236,13 @@ def test_export_names_available_steps_and_stages(full_run, tmp_path):
     save_run_config(tiny_sao_config(1), bare)
     with pytest.raises(ExportError, match="no sao checkpoint in"):
         export_run(bare, tmp_path / "y")
+
+
+def test_run_config_round_trips_through_the_workdir(tmp_path):
+    config = tiny_sao_config(7)
+    path = save_run_config(config, tmp_path)
+    assert path == tmp_path / "config.json"
+    assert load_run_config(tmp_path).to_dict() == config.to_dict()
 
 
 # ------------------------------------------------------------------------------------------------ fail fast
