@@ -52,6 +52,48 @@ def main(argv):
     PIPELINES[config.pipeline](config, workdir)
 
 
+def unknown_override(argv: list[str]) -> str | None:
+    """The first `--config.a.b=...` override naming a field the config file does not have, as a message."""
+    import importlib.util
+
+    config_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+    if config_arg is None and "--config" in argv[:-1]:
+        config_arg = argv[argv.index("--config") + 1]
+    if not config_arg:
+        return None
+    path, _, variant = config_arg.partition(":")
+    spec = importlib.util.spec_from_file_location("_mercury_config", path)
+    if spec is None or not os.path.exists(path):
+        return f"--config {path}: no such config file"
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config(variant or None)
+    for arg in argv:
+        if not arg.startswith("--config."):
+            continue
+        dotted = arg[len("--config."):].split("=", 1)[0]
+        node, walked = config, []
+        for key in dotted.split("."):
+            if not hasattr(node, "keys") or key not in node:
+                known = sorted(node.keys()) if hasattr(node, "keys") else []
+                where = ".".join(walked) or "the config"
+                return (f"unknown config field config.{dotted} (from {arg}): {where} has no field {key!r}; "
+                        f"known fields there: {known}")
+            node, walked = node[key], walked + [key]
+    return None
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl flag parsing, but a misspelt `--config.x.y=` override ends with a message naming the field."""
+    try:
+        return flags.FLAGS(argv)
+    except (AttributeError, KeyError) as error:
+        message = unknown_override(argv)
+        if message is None:
+            raise
+        raise SystemExit(f"error: {message}") from error
+
+
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    app.run(main)
+    app.run(main, flags_parser=_parse_flags)

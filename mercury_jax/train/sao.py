@@ -6,7 +6,10 @@ critic each live on their own mesh (batch sharded over it), the rollout engine o
 a copy of the actor's weights that is replaced after every policy update (version = policy updates so far).
 `rollout.mode = "sync"` samples every batch with the latest weights, episode e of the run always being request
 block e with the run's seed, so a killed run resumes bit-for-bit; `"async"` runs the `RolloutWorker` in the
-background and accepts trajectories up to `sao.max_staleness` versions old.
+background (no barrier: it keeps generating while the learner trains), takes the next `batch_prompts` finished
+trajectories, drops those more than `sao.max_staleness` versions old (counted in `dropped_stale`), and publishes
+new weights into the running worker. An async resume restarts from the tasks handed out at the checkpoint
+(episodes in flight then are not replayed), so it is not bit-exact.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from mercury_jax.parallel import make_mesh, shard_params
 from mercury_jax.rollout.engine import Engine
 from mercury_jax.rollout.episode import Budgets, EpisodeRunner, SamplingParams
 from mercury_jax.rollout.trajectory import Trajectory, batch_trajectories
+from mercury_jax.rollout.worker import RolloutWorker
 from mercury_jax.train import setup
 from mercury_jax.train.checkpoints import Checkpointer
 from mercury_jax.train.metrics import MetricsLogger
@@ -73,7 +77,7 @@ def trajectory_metrics(trajectories: list[Trajectory]) -> dict:
 
 
 def _group_meshes(config) -> dict:
-    sizes = dict(config.devices)
+    sizes = {name: config.devices[name] for name in ("rollout", "actor", "critic")}  # ConfigDict sorts its keys
     if sum(sizes.values()) == 0:
         device = jax.devices()[0]
         return {name: make_mesh({}, devices=[device]) for name in sizes}
@@ -151,6 +155,8 @@ def run_sao(config: ml_collections.ConfigDict, workdir: Path):
                                                         seed=config.seed + 1_000_003))
 
     def evaluate(label: str) -> dict:
+        if engine.policy_version != version:  # async mode: the worker holds the live weights
+            engine.update_weights(rollout_model(), version)
         trajectories = eval_runner.run(eval_tasks)
         rewards = np.array([t.reward for t in trajectories])
         result = {"label": label, **trajectory_metrics(trajectories), "reward_sem": float(rewards.std(ddof=1) /
@@ -158,6 +164,39 @@ def run_sao(config: ml_collections.ConfigDict, workdir: Path):
         print(f"[sao] eval ({label}): reward {result['reward']:.3f} +- {result['reward_sem']:.3f} (sem over "
               f"{len(rewards)} held-out tasks), all-effects pass {result['all_effects_pass']:.2f}", flush=True)
         return result
+
+    worker = None
+    if rcfg.mode == "async":
+        def task_iterator():
+            while True:
+                yield stream.take(1)[0]
+        worker = RolloutWorker(rollout_model(), tokenizer, task_iterator(), num_slots=rcfg.num_slots,
+                               max_length=rcfg.max_total_tokens, budgets=budgets,
+                               sampling=SamplingParams(temperature=rcfg.temperature, top_p=rcfg.top_p,
+                                                       seed=config.seed),
+                               devices=list(meshes["rollout"].devices.flat), policy_version=version,
+                               first_episode_id=stream.consumed, copy_model=False)
+    elif rcfg.mode != "sync":
+        raise ValueError(f"rollout.mode {rcfg.mode!r} is not 'sync' or 'async'")
+
+    def collect(n: int) -> tuple[list[Trajectory], int]:
+        if worker is None:
+            tasks = stream.take(n)
+            return train_runner.run(tasks, first_episode_id=stream.consumed - len(tasks)), 0
+        kept, dropped = [], 0
+        while len(kept) < n:
+            trajectory = worker.get(timeout=3600)
+            if version - trajectory.policy_version > cfg.max_staleness:
+                dropped += 1
+            else:
+                kept.append(trajectory)
+        return kept, dropped
+
+    def publish():
+        if worker is None:
+            engine.update_weights(rollout_model(), version)
+        else:
+            worker.publish(nnx.state(actor.model()), version)
 
     evals_path = workdir / "sao" / "evals.jsonl"
     if start == 0:
@@ -168,8 +207,9 @@ def run_sao(config: ml_collections.ConfigDict, workdir: Path):
     logger.truncate(start)
     for step in range(start + 1, cfg.steps + 1):
         t0 = time.perf_counter()
-        tasks = stream.take(cfg.batch_prompts)
-        trajectories = train_runner.run(tasks, first_episode_id=stream.consumed - len(tasks))
+        if worker is not None and not worker.running:
+            worker.start()
+        trajectories, dropped = collect(cfg.batch_prompts)
         rollout_s = time.perf_counter() - t0
         staleness = np.array([version - t.policy_version for t in trajectories])
         length = _batch_length(trajectories, rcfg.max_total_tokens)
@@ -191,11 +231,12 @@ def run_sao(config: ml_collections.ConfigDict, workdir: Path):
             params, opt_state, actor_metrics = actor_step(actor.params, actor.frozen, actor.opt_state, actor_batch)
             actor.params, actor.opt_state = params, opt_state
             version += 1
-            engine.update_weights(rollout_model(), version)
+            publish()
             metrics.update({k: float(v) for k, v in jax.device_get(actor_metrics).items() if k != "loss"})
         step_s = time.perf_counter() - t0
         tokens = sum(len(t.tokens) for t in trajectories)
         metrics.update(staleness_mean=float(staleness.mean()), staleness_max=int(staleness.max()),
+                       dropped_stale=dropped,
                        policy_version=version, tokens_per_s=tokens / step_s, rollout_s=rollout_s,
                        learner_s=step_s - rollout_s, batch_length=length, step_time_s=step_s)
         logger.log(step, metrics, progress_keys=PROGRESS)
@@ -205,6 +246,8 @@ def run_sao(config: ml_collections.ConfigDict, workdir: Path):
         if checkpointer.should_save(step, last=step == cfg.steps):
             checkpointer.save(step, {"actor": actor.arrays(), "critic": critic_state.arrays()},
                               {"step": step, "version": version, "tasks_consumed": stream.consumed})
+    if worker is not None:
+        worker.stop()
     checkpointer.close()
     final = None
     if start < cfg.steps:
