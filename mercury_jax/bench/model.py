@@ -15,6 +15,8 @@ Run: `python -m mercury_jax.bench.model [--shapes 1x128,2x256 --repeats 3 --torc
 from __future__ import annotations
 
 import os
+import shlex
+import sys
 
 os.environ["JAX_PLATFORMS"] = "cpu"
 
@@ -185,7 +187,7 @@ def main():
     )
     print(f"\n## {title}\n\n{body}")
     if not args.no_write:
-        write_section("model", title, body, "python -m mercury_jax.bench.model")
+        write_section("model", title, body, " ".join(["python -m mercury_jax.bench.model", *map(shlex.quote, sys.argv[1:])]))
 
 
 if __name__ == "__main__":
