@@ -5,7 +5,9 @@
 
 1. Decode: B sequences, greedy, `new` tokens each. "cache" = the sampler's jitted decode steps (prefill excluded);
    "recompute" = a jitted full forward of the whole (fixed-length, right-padded) sequence per step, taking the logits
-   at the current position (one compiled shape; cost grows with the padded length, not the prefix).
+   at the current position (one compiled shape; cost grows with the padded length, not the prefix). "HF" = Hugging
+   Face transformers' greedy `generate` on the same weights and prompts (PyTorch, its reference GDN path), decode
+   time = generate(new) - generate(1).
 2. Scheduling: requests whose budgets are drawn from [n, 3n] (no stop tokens, so lengths are controlled) through
    the engine with refill (continuous batching) and without (static batches: a batch is admitted only when every
    slot is free). Occupancy = busy slot-steps / all slot-steps of decode. Compilation is excluded (warm-up run).
@@ -13,6 +15,9 @@
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
+import tempfile
 import time
 
 import jax
@@ -26,7 +31,37 @@ from models.qwen35_moe import Qwen35MoeForCausalLM
 from models.qwen35_moe import config as C
 
 
-def decode_rates(model, *, batch: int, prompt_len: int, new: int) -> list[list]:
+def hf_generate(model, prompts, new: int, repeats: int = 3):
+    """HF transformers' greedy `generate` on the same weights (our model -> `save_hf` fp32 -> `from_pretrained`).
+
+    Decode time = generate(new tokens) - generate(1 token), i.e. the prefill and first token are excluded as in the
+    sampler row; each is the fastest of `repeats` calls after a warm-up. Returns (seconds for new - 1 decode steps,
+    the new - 1 decoded tokens [B, new - 1], torch threads)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from models.qwen35_moe.hf import save_hf
+
+    with tempfile.TemporaryDirectory() as tmp:
+        save_hf(model, tmp, dtype=jnp.float32)
+        hf = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+    ids = torch.as_tensor(prompts, dtype=torch.long)
+
+    def generate(n):
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                              do_sample=False, pad_token_id=0)
+        return time.perf_counter() - start, out.numpy()
+
+    generate(new), generate(1)  # warm-up
+    t_one = min(generate(1)[0] for _ in range(repeats))
+    runs = [generate(new) for _ in range(repeats)]
+    t_new, out = min(runs, key=lambda r: r[0])
+    return t_new - t_one, out[:, prompts.shape[1] + 1:], torch.get_num_threads()
+
+
+def decode_rates(model, *, batch: int, prompt_len: int, new: int) -> tuple[list[list], int]:
     rng = np.random.RandomState(0)
     prompts = rng.randint(0, model.config.vocab_size, size=(batch, prompt_len))
     max_length = prompt_len + new
@@ -65,11 +100,15 @@ def decode_rates(model, *, batch: int, prompt_len: int, new: int) -> list[list]:
     cached(), recompute()  # compile
     t_cache, tokens_cache = min((cached() for _ in range(3)), key=lambda r: r[0])
     t_full, tokens_full = recompute()
+    t_hf, tokens_hf, torch_threads = hf_generate(model, prompts, new)
     agree = float(np.mean(tokens_cache == tokens_full))
     steps = new - 1
-    return [["cache (sampler decode)", batch, prompt_len, steps, t_cache / steps * 1e3, batch * steps / t_cache, agree],
+    return [["cache (sampler decode)", batch, prompt_len, steps, t_cache / steps * 1e3, batch * steps / t_cache, agree,
+             1.0],
             ["recompute prefix (full forward)", batch, prompt_len, steps, t_full / steps * 1e3,
-             batch * steps / t_full, 1.0]]
+             batch * steps / t_full, 1.0, t_full / t_cache],
+            ["HF transformers `generate` (greedy, torch)", batch, prompt_len, steps, t_hf / steps * 1e3,
+             batch * steps / t_hf, float(np.mean(tokens_hf == tokens_full)), t_hf / t_cache]], torch_threads
 
 
 def scheduling_rates(model, *, num_requests: int, num_slots: int, min_new: int, prompt_len: int,
@@ -110,7 +149,7 @@ def main() -> None:
     cfg = C.tiny(vocab_size=512, num_hidden_layers=4)
     model = Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0))
     scale = 2 if args.quick else 1
-    decode = decode_rates(model, batch=8, prompt_len=32 // scale, new=64 // scale)
+    decode, torch_threads = decode_rates(model, batch=8, prompt_len=32 // scale, new=64 // scale)
     sched = []
     for steps_per_sync in (1, 8):
         sched += scheduling_rates(model, num_requests=64 // scale, num_slots=8, min_new=32 // scale, prompt_len=16,
@@ -118,8 +157,12 @@ def main() -> None:
 
     body = ("Tiny Qwen3.5-MoE (hidden 64, 4 layers: 3 GDN + 1 attention, 8 experts top-2, vocab 512), fp32, CPU.\n\n"
             "Decode (greedy; per step = one new token for every sequence in the batch; 'agree' = fraction of tokens "
-            "equal to the recompute path's):\n\n"
-            + markdown_table(["path", "batch", "prompt", "steps", "ms/step", "tokens/s", "agree"], decode)
+            "equal to the recompute path's; 'cache speedup' = this row's decode time / the cached sampler's. The HF row is "
+            "transformers' `generate(do_sample=False, min_new_tokens=max_new_tokens)` on the same weights (`save_hf` "
+            f"fp32 -> `AutoModelForCausalLM.from_pretrained`), torch {torch_threads} threads, its reference PyTorch "
+            "GDN path; its decode time is generate(new) - generate(1), so prefill is excluded there too):\n\n"
+            + markdown_table(["path", "batch", "prompt", "steps", "ms/step", "tokens/s", "agree", "cache speedup"],
+                             decode)
             + "\n\nScheduling (temperature 1, no stop tokens, budgets drawn uniformly with a 3x spread; wall time "
               "includes prefills and host syncs, not compilation):\n\n"
             + markdown_table(["engine", "requests", "slots", "steps/sync", "budget", "decode steps", "occupancy",
@@ -127,7 +170,7 @@ def main() -> None:
     print(body)
     if not args.no_write:
         write_section("rollout", "Rollout: cached decode and continuous batching", body,
-                      "python -m mercury_jax.bench.rollout")
+                      " ".join(["python -m mercury_jax.bench.rollout", *map(shlex.quote, sys.argv[1:])]))
 
 
 if __name__ == "__main__":
