@@ -175,6 +175,7 @@ def run_sao(config: ml_collections.ConfigDict, workdir: Path):
                                sampling=SamplingParams(temperature=rcfg.temperature, top_p=rcfg.top_p,
                                                        seed=config.seed),
                                devices=list(meshes["rollout"].devices.flat), policy_version=version,
+                               queue_size=cfg.batch_prompts,  # bounds how far rollouts run ahead of the learner
                                first_episode_id=stream.consumed, copy_model=False)
     elif rcfg.mode != "sync":
         raise ValueError(f"rollout.mode {rcfg.mode!r} is not 'sync' or 'async'")
