@@ -96,9 +96,14 @@ def _to_mesh(batch: dict, mesh) -> dict:
     return {k: jax.device_put(np.asarray(v), sharding) for k, v in batch.items()}
 
 
-def _batch_length(trajectories: list[Trajectory], limit: int, bucket: int = 256) -> int:
-    longest = max(len(t.tokens) for t in trajectories)
-    return min(-(-longest // bucket) * bucket, -(-limit // bucket) * bucket)
+def _batch_length(trajectories: list[Trajectory], limit: int) -> int:
+    """Pad length: the whole budget when it is short (one compiled shape per learner function; every new shape
+    costs a compile of the critic and actor steps), else the longest trajectory rounded up to 2048."""
+    bucket = 256 if limit <= 4096 else 2048
+    ceiling = -(-limit // bucket) * bucket
+    if limit <= 4096:
+        return ceiling
+    return min(-(-max(len(t.tokens) for t in trajectories) // bucket) * bucket, ceiling)
 
 
 def run_sao(config: ml_collections.ConfigDict, workdir: Path):
