@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
 from mercury_jax.bench.report import markdown_table, write_section  # noqa: E402
 from mercury_jax.parallel.mesh import make_mesh  # noqa: E402
-from mercury_jax.parallel.sharding import _variable_axes, logical_partition_spec  # noqa: E402
+from mercury_jax.parallel.sharding import variable_sharding  # noqa: E402
 from models.qwen35_moe.config import PRESETS  # noqa: E402
 from models.qwen35_moe.logprobs import token_logprobs  # noqa: E402
 from models.qwen35_moe.model import Qwen35MoeForCausalLM  # noqa: E402
@@ -38,8 +38,7 @@ def compile_step(preset: str, topology: str, mesh_shape: dict, batch: int, seq: 
     cfg = PRESETS[preset](dtype="bfloat16", param_dtype="float32", remat_policy=remat)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0))))
     flat = nnx.to_flat_state(state)
-    args = [jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(
-        mesh, logical_partition_spec(_variable_axes(p, v), v.shape, mesh))) for p, v in flat]
+    args = [jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=variable_sharding(p, v, mesh)) for p, v in flat]
     param_shardings = [a.sharding for a in args]
     ids = jax.ShapeDtypeStruct((batch, seq), jnp.int32,
                                sharding=NamedSharding(mesh, PartitionSpec(("data", "fsdp"), None)))

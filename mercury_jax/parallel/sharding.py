@@ -56,11 +56,14 @@ def _variable_axes(path, variable) -> tuple:
     return axes
 
 
+def variable_sharding(path, variable, mesh: Mesh, rules=DEFAULT_RULES) -> NamedSharding:
+    """Where the variable at `path` (a flat-state path) lives on `mesh`, by its logical axes."""
+    return NamedSharding(mesh, logical_partition_spec(_variable_axes(path, variable), variable.shape, mesh, rules))
+
+
 def param_shardings(state: nnx.State, mesh: Mesh, rules=DEFAULT_RULES):
     """A NamedSharding for every variable of `state` (same tree structure)."""
-    def one(path, variable):
-        return NamedSharding(mesh, logical_partition_spec(_variable_axes(path, variable), variable.shape, mesh, rules))
-    return nnx.map_state(one, state)
+    return nnx.map_state(lambda path, variable: variable_sharding(path, variable, mesh, rules), state)
 
 
 def shard_params(module: nnx.Module, mesh: Mesh, rules=DEFAULT_RULES) -> nnx.Module:
@@ -68,7 +71,6 @@ def shard_params(module: nnx.Module, mesh: Mesh, rules=DEFAULT_RULES) -> nnx.Mod
     graphdef, state = nnx.split(module)
     flat = nnx.to_flat_state(state)
     for path, variable in flat:
-        spec = logical_partition_spec(_variable_axes(path, variable), variable.shape, mesh, rules)
-        variable.set_value(jax.device_put(variable.get_value(), NamedSharding(mesh, spec)))
+        variable.set_value(jax.device_put(variable.get_value(), variable_sharding(path, variable, mesh, rules)))
     nnx.update(module, nnx.from_flat_state(flat))
     return module

@@ -156,7 +156,7 @@ def load_hf(path: str | Path, *, dtype=jnp.float32, mesh=None, rules=None, stric
     abstract = nnx.eval_shape(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0)))
     graphdef, abstract_state = nnx.split(abstract)
     if mesh is not None:
-        from mercury_jax.parallel.sharding import DEFAULT_RULES, logical_partition_spec, _variable_axes
+        from mercury_jax.parallel.sharding import DEFAULT_RULES, variable_sharding
         rules = rules or DEFAULT_RULES
 
     layouts: dict[int, str] = {}
@@ -182,9 +182,7 @@ def load_hf(path: str | Path, *, dtype=jnp.float32, mesh=None, rules=None, stric
                                   f"{variable.shape}")
         value = value.astype(jnp.dtype(dtype))
         if mesh is not None:
-            from jax.sharding import NamedSharding
-            spec = logical_partition_spec(_variable_axes(var_path, variable), value.shape, mesh, rules)
-            array = jax.device_put(value, NamedSharding(mesh, spec))
+            array = jax.device_put(value, variable_sharding(var_path, variable, mesh, rules))
         else:
             array = jnp.asarray(value)
         variable.set_value(array)
