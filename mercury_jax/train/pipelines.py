@@ -2,14 +2,12 @@
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import ml_collections
 
 from mercury_jax.train import setup
 
-log = logging.getLogger(__name__)
 
 
 def prepare_sft_data(config: ml_collections.ConfigDict, workdir: Path):

@@ -14,12 +14,10 @@ new weights into the running worker. An async resume restarts from the tasks han
 from __future__ import annotations
 
 import json
-import logging
 import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from flax import nnx
@@ -35,10 +33,10 @@ from mercury_jax.train.checkpoints import Checkpointer
 from mercury_jax.train.metrics import MetricsLogger
 from mercury_jax.train.optim import make_optimizer
 from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step
+from mercury_jax.train.sft import epoch_order
 from mercury_jax.train.state import TrainState
 from models.qwen35_moe.critic import Qwen35MoeCritic, critic_trainable
 
-log = logging.getLogger(__name__)
 PROGRESS = ("reward", "all_effects_pass", "truncation_rate", "value_loss", "dis_masked_fraction")
 
 
@@ -52,7 +50,7 @@ class TaskStream:
         out = []
         for _ in range(n):
             epoch, index = divmod(self.consumed, len(self.tasks))
-            order = np.random.default_rng([self.seed, epoch]).permutation(len(self.tasks))
+            order = epoch_order(len(self.tasks), self.seed, epoch)
             out.append(self.tasks[order[index]])
             self.consumed += 1
         return out

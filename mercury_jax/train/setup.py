@@ -1,7 +1,6 @@
 """Build what every pipeline needs from its config: tasks, tokenizer, model, device groups."""
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import jax
@@ -14,7 +13,6 @@ from mercury_jax.envs.presets import preset_tasks
 from models.qwen35_moe import Qwen35MoeForCausalLM, load_hf
 from models.qwen35_moe.config import PRESETS
 
-log = logging.getLogger(__name__)
 
 
 def world_tasks(world: ml_collections.ConfigDict, split: str) -> list[dict]:

@@ -6,6 +6,7 @@ run checkpoints (weights, optimiser, step) so a restart continues where it stopp
 """
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -30,11 +31,17 @@ def sft_loss(model, batch):
     return loss, {"action_tokens": jnp.sum(mask), "token_accuracy_proxy": jnp.sum(jnp.exp(logp) * mask) / count}
 
 
+@functools.lru_cache(maxsize=4)
+def epoch_order(num_items: int, seed: int, epoch: int) -> np.ndarray:
+    """The order of epoch `epoch`: a permutation seeded by (seed, epoch), so a restart reproduces it."""
+    return np.random.default_rng([seed, epoch]).permutation(num_items)
+
+
 def batch_order(num_rows: int, batch_rows: int, step: int, seed: int) -> np.ndarray:
-    """Row indices of batch `step`: epoch e is a permutation seeded by (seed, e) (restarts reproduce it)."""
+    """Row indices of batch `step` (epochs follow `epoch_order`)."""
     per_epoch = max(num_rows // batch_rows, 1)
     epoch, index = divmod(step, per_epoch)
-    perm = np.random.default_rng([seed, epoch]).permutation(num_rows)
+    perm = epoch_order(num_rows, seed, epoch)
     rows = perm[index * batch_rows:(index + 1) * batch_rows]
     return np.resize(rows, batch_rows)  # fewer rows than a batch: repeat
 
