@@ -1,7 +1,7 @@
 """Export the policy of a training run as a Hugging Face checkpoint (released text-only layout, via `save_hf`).
 
     python -m mercury_jax.export --workdir runs/sao-20260101-120000 --out /tmp/sao-hf \
-        [--step N] [--stage sao|sft] [--dtype bfloat16|float32] [--experts fused|unfused]
+        [--step N] [--stage sao|sft|grpo] [--dtype bfloat16|float32] [--experts fused|unfused]
 
 What a run directory must hold, and where it comes from:
 - `config.json`: the run's full config, written by `save_run_config` (`mercury_jax.main` calls it before the
@@ -10,7 +10,8 @@ What a run directory must hold, and where it comes from:
   `save_run_config(get_config("tiny"), workdir)` (plus the same overrides as the run).
 - the tokenizer: for `tokenizer.kind = "sentencepiece"` the model trained into `workdir/tokenizer/`; for
   `"qwen35"` the Qwen3.5 BPE. Its vocabulary size fixes the embedding shape of a from-scratch (`preset`) model.
-- the Orbax checkpoints `workdir/sao/checkpoints/STEP` (SAO: `arrays/actor/params`) or
+- the Orbax checkpoints `workdir/sao/checkpoints/STEP` (SAO: `arrays/actor/params`),
+  `workdir/grpo/checkpoints/STEP` (pivot GRPO, same layout; step 0 is its starting policy) or
   `workdir/sft/checkpoints/STEP` (SFT: `arrays/params`); the latest step unless `--step`.
 
 Only the policy's parameters are read (partial restore, as host numpy arrays): the critic and the optimiser
@@ -31,9 +32,10 @@ import ml_collections
 import numpy as np
 
 RUN_CONFIG = "config.json"
-STAGES = ("sao", "sft")
+STAGES = ("sao", "sft", "grpo")
 # The policy's arrays inside each stage's checkpoint (`Checkpointer.save(step, arrays, meta)`).
-POLICY_SUBTREES = {"sao": (("actor", "params"), ("actor", "frozen")), "sft": (("params",), ("frozen",))}
+POLICY_SUBTREES = {"sao": (("actor", "params"), ("actor", "frozen")), "sft": (("params",), ("frozen",)),
+                   "grpo": (("actor", "params"), ("actor", "frozen"))}
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
                       "special_tokens_map.json", "generation_config.json")
 
@@ -82,14 +84,19 @@ def run_tokenizer_file(config: ml_collections.ConfigDict, workdir: str | Path) -
     return files[-1]  # several only if the corpus changed between restarts; the newest is the one in use
 
 
-def run_vocab_size(config: ml_collections.ConfigDict, workdir: str | Path) -> int:
+def run_tokenizer(config: ml_collections.ConfigDict, workdir: str | Path):
+    """The tokenizer the run trained with: its SentencePiece model, or the Qwen3.5 BPE."""
     from mercury_jax.chat import SentencePieceTokenizer, qwen35_tokenizer
 
     if config.tokenizer.kind == "qwen35":
-        return qwen35_tokenizer().vocab_size
+        return qwen35_tokenizer()
     if config.tokenizer.kind == "sentencepiece":
-        return SentencePieceTokenizer(run_tokenizer_file(config, workdir)).vocab_size
+        return SentencePieceTokenizer(run_tokenizer_file(config, workdir))
     raise ExportError(f"tokenizer.kind {config.tokenizer.kind!r} is not 'qwen35' or 'sentencepiece'")
+
+
+def run_vocab_size(config: ml_collections.ConfigDict, workdir: str | Path) -> int:
+    return run_tokenizer(config, workdir).vocab_size
 
 
 def abstract_policy(config: ml_collections.ConfigDict, workdir: str | Path):
