@@ -1,4 +1,4 @@
-"""The pipelines `mercury_jax.main` runs, by `config.pipeline`: "sft" (warm start) and "sao"."""
+"""The pipelines `mercury_jax.main` runs, by `config.pipeline`: "sft" (warm start), "sao" and "grpo" (pivot GRPO)."""
 from __future__ import annotations
 
 import json
@@ -11,12 +11,12 @@ from mercury_jax.train import setup
 
 
 def prepare_sft_data(config: ml_collections.ConfigDict, workdir: Path):
-    """Train tasks -> oracle chats -> tokenizer (trained on their text when SentencePiece) -> (ids, action mask)."""
+    """Train tasks -> oracle chats (`config.oracle` options when present) -> tokenizer (trained on their text when SentencePiece) -> (ids, action mask)."""
     from mercury_jax.chat import render
     from mercury_jax.rollout.messages import trajectory_from_messages
 
     tasks = setup.world_tasks(config.world, "train")
-    chats = setup.oracle_messages(tasks)
+    chats = setup.oracle_messages(tasks, config.oracle.to_dict() if "oracle" in config else None)
     tools = setup.tool_schemas(tasks)
     tokenizer = setup.build_tokenizer(config.tokenizer, workdir, [render(m, t) for m, t in zip(chats, tools)])
     trajectories = [trajectory_from_messages(tokenizer, m, t) for m, t in zip(chats, tools)]
@@ -46,4 +46,10 @@ def run_sao_pipeline(config: ml_collections.ConfigDict, workdir: str | Path):
     return run_sao(config, Path(workdir))
 
 
-PIPELINES = {"sft": run_sft_pipeline, "sao": run_sao_pipeline}
+def run_grpo_pipeline(config: ml_collections.ConfigDict, workdir: str | Path):
+    from mercury_jax.train.grpo import run_grpo
+
+    return run_grpo(config, Path(workdir))
+
+
+PIPELINES = {"sft": run_sft_pipeline, "sao": run_sao_pipeline, "grpo": run_grpo_pipeline}

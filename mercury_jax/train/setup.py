@@ -48,8 +48,9 @@ def tool_schemas(tasks: list[dict]) -> list[list[dict]]:
     return asyncio.run(all_tasks())
 
 
-def oracle_messages(tasks: list[dict]) -> list[list[dict]]:
-    return [oracle_trajectory(task) for task in tasks]
+def oracle_messages(tasks: list[dict], options: dict | None = None) -> list[list[dict]]:
+    """The scripted solver's chats; `options` set the browsing oracle's `OracleConfig` (e.g. over_search_prob)."""
+    return [oracle_trajectory(task, **(options or {})) for task in tasks]
 
 
 def build_tokenizer(cfg: ml_collections.ConfigDict, workdir: str | Path, corpus_texts: list[str]):

@@ -12,6 +12,7 @@ import ml_collections
 REQUIRED = {
     "sft": ("seed", "model", "tokenizer", "world", "sft", "checkpoint"),
     "sao": ("seed", "model", "tokenizer", "world", "sft", "sao", "rollout", "checkpoint", "devices"),
+    "grpo": ("seed", "model", "tokenizer", "world", "oracle", "sft", "grpo", "rollout", "checkpoint", "devices"),
 }
 
 
@@ -37,6 +38,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
                           f"python -m mercury_jax.envs.generate --out DIR")
     if pipeline == "sao":
         _validate_sao(config)
+    if pipeline == "grpo":
+        _validate_grpo(config)
 
 
 def _validate_sao(config) -> None:
@@ -61,3 +64,61 @@ def _validate_sao(config) -> None:
     if not 0 < config.sao.eps_low < 1 or config.sao.eps_high <= 0:
         raise ConfigError(f"sao.eps_low must be in (0, 1) and sao.eps_high > 0, got {config.sao.eps_low}, "
                           f"{config.sao.eps_high}")
+
+
+def _validate_grpo(config) -> None:
+    import jax
+
+    from mercury_jax.envs.browse.stop_verifier import STOP_RULES
+    from mercury_jax.rl.aggregation import LOSS_AGG_MODES
+    from mercury_jax.train.pivot_data import SOURCES
+
+    g, rollout = config.grpo, config.rollout
+    if config.world.name != "browse":
+        raise ConfigError(f"world.name is {config.world.name!r}; pivot GRPO trains on browsing states, set "
+                          f"world.name='browse'")
+    if g.group_size < 2:
+        raise ConfigError(f"grpo.group_size {g.group_size} < 2: group advantages need at least 2 continuations per "
+                          f"state (1 makes every advantage 0); use e.g. --config.grpo.group_size=8")
+    if g.batch_states < 1 or g.steps < 0 or g.ppo_epochs < 1 or g.minibatches < 1:
+        raise ConfigError(f"grpo.batch_states ({g.batch_states}), grpo.ppo_epochs ({g.ppo_epochs}) and "
+                          f"grpo.minibatches ({g.minibatches}) must be >= 1 and grpo.steps ({g.steps}) >= 0")
+    rows = g.batch_states * g.group_size
+    if rows % g.minibatches:
+        raise ConfigError(f"grpo.batch_states x grpo.group_size = {rows} rows do not split into {g.minibatches} "
+                          f"equal minibatches; change grpo.minibatches")
+    groups = {"rollout": config.devices.rollout, "actor": config.devices.actor}
+    total = sum(groups.values())
+    if total and min(groups.values()) == 0:
+        raise ConfigError(f"config.devices {groups}: give every group a device count, or all 0 to share one")
+    if total > jax.device_count():
+        raise ConfigError(f"config.devices {groups} needs {total} devices but {jax.device_count()} exist; shrink "
+                          f"the groups (e.g. --config.devices.actor=1)")
+    actor_devices = groups["actor"] or 1
+    if (rows // g.minibatches) % actor_devices:
+        raise ConfigError(f"a minibatch of {rows // g.minibatches} rows (grpo.batch_states x grpo.group_size / "
+                          f"grpo.minibatches) is not divisible by the {actor_devices} actor devices; change "
+                          f"grpo.batch_states or devices.actor")
+    if g.kl_coef < 0:
+        raise ConfigError(f"grpo.kl_coef must be >= 0 (0 turns the KL off), got {g.kl_coef}")
+    if g.kl_estimator not in ("k1", "k2", "k3"):
+        raise ConfigError(f"grpo.kl_estimator {g.kl_estimator!r} is not one of k1, k2, k3")
+    if not 0 < g.eps < 1 or g.eps_high <= 0:
+        raise ConfigError(f"grpo.eps must be in (0, 1) and grpo.eps_high > 0, got {g.eps}, {g.eps_high}")
+    if g.loss_agg not in LOSS_AGG_MODES:
+        raise ConfigError(f"grpo.loss_agg {g.loss_agg!r} is not one of {LOSS_AGG_MODES}")
+    if g.pivot_source not in SOURCES:
+        raise ConfigError(f"grpo.pivot_source {g.pivot_source!r} is not one of {SOURCES}")
+    unknown = set(g.stop_rules) - set(STOP_RULES)
+    if unknown:
+        raise ConfigError(f"grpo.stop_rules has unknown outcomes {sorted(unknown)}; known: {sorted(STOP_RULES)}")
+    if g.pivots_path and not Path(g.pivots_path).exists() and not Path(g.pivots_path).parent.exists():
+        raise ConfigError(f"grpo.pivots_path {g.pivots_path!r} does not exist and neither does its directory (the "
+                          f"dataset is built there when missing); create the directory or pass "
+                          f"--config.grpo.pivots_path='' to build it into the workdir")
+    if rollout.max_turn_tokens < 1 or rollout.max_turn_tokens >= rollout.max_total_tokens:
+        raise ConfigError(f"rollout.max_turn_tokens {rollout.max_turn_tokens} must be in [1, "
+                          f"rollout.max_total_tokens = {rollout.max_total_tokens})")
+    if not config.sft.enabled and not config.model.hf_path:
+        print("[grpo] warning: sft.enabled is False and model.hf_path is empty: GRPO starts from an untrained "
+              "model", flush=True)

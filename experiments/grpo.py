@@ -1,0 +1,77 @@
+"""Pivot GRPO: turn-level GRPO on stop-decision states of a browsing agent, K continuations per state, the
+deterministic stop-verifier as reward, clipped surrogate + k3 KL to the frozen starting policy, a checkpoint every
+step for the checkpoint sweep (ALGORITHMS.md, pipeline 2).
+
+The default is the released run: the SFT policy from an HF checkpoint, a pivot dataset built from that policy's
+own browsing trajectories (`grpo.pivots_path`; built there first if missing), 16 states x 8 continuations, 32 steps,
+eps 0.2 (`eps_high` 0.2), kl_coef 0.01 with k3, std-normalised group advantages, seq-mean-token-mean, actor Adam
+lr 1e-6, bf16 compute, temperature 1:
+
+    python -m mercury_jax.main --config experiments/grpo.py --workdir gs://bucket/grpo \
+        --config.model.hf_path=/ckpt/browse-sft --config.grpo.pivots_path=/data/browse/pivots.jsonl
+
+`:tiny` runs on a CPU: a tiny model with a SentencePiece tokenizer trained on the tiny browsing world's oracle
+text, a short SFT warm start on oracle trajectories that over-search on purpose (`oracle.over_search_prob`),
+pivot states cut from the same over-searching oracle on disjoint tasks, then a few GRPO steps of 8 states x 8:
+
+    python -m mercury_jax.main --config experiments/grpo.py:tiny
+"""
+from __future__ import annotations
+
+import ml_collections
+
+from experiments import common
+from experiments.sft import sft_config
+from mercury_jax.envs.browse.stop_verifier import STOP_RULES
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    c, tiny = common.base_config("grpo", arg)
+    c.world = common.world_config(tiny, name="browse")
+    c.world.num_train_tasks = 512 if tiny else 20_000   # warm-start (SFT) tasks; the released run starts from HF
+    c.oracle = ml_collections.ConfigDict(dict(over_search_prob=0.5, over_search_max=2))  # the habit GRPO removes
+
+    c.sft = sft_config(tiny)
+    c.sft.enabled = tiny          # the released run starts from an HF checkpoint of the SFT policy
+    if tiny:
+        c.sft.steps, c.sft.batch_rows, c.sft.row_length = 80, 4, 1024  # ~7 trajectories a step, ~1 epoch
+    c.checkpoint = common.checkpoint_config(every=1, keep=1000)  # every step: the sweep evaluates all of them
+
+    g = ml_collections.ConfigDict()
+    g.steps = 10 if tiny else 32
+    g.batch_states = 8 if tiny else 16
+    g.group_size = 8
+    g.eps = 0.2
+    g.eps_high = 0.2
+    g.kl_coef = 0.01
+    g.kl_estimator = "k3"
+    g.reference_dtype = "bfloat16"       # the frozen reference's weights (never updated)
+    g.std_normalize = True               # False: Dr. GRPO's A = R - mean
+    g.filter_zero_variance = False       # all-equal groups are always counted; True drops them from the loss
+    g.loss_agg = "seq-mean-token-mean"
+    g.ppo_epochs = 1
+    g.minibatches = 1
+    g.actor_optimizer = ml_collections.ConfigDict(dict(lr=1e-4 if tiny else 1e-6, warmup_steps=0, b1=0.9, b2=0.999,
+                                                       eps=1e-8, weight_decay=0.0, grad_clip=1.0))
+    g.stop_rules = ml_collections.ConfigDict(dict(STOP_RULES))  # stop-verifier weights (stop_verifier.py)
+    g.pivots_path = "" if tiny else "/data/browse/pivots.jsonl"  # "": build into WORKDIR/grpo/pivots.jsonl
+    g.pivot_source = "oracle" if tiny else "policy"   # whose trajectories the pivots are cut from
+    g.pivot_kinds = ("just_sufficient", "one_step_before")
+    g.pivot_tasks = 256 if tiny else 4096
+    g.pivot_task_seed = 5_000            # disjoint from the warm start's (0..) and the held-out (10,000..) seeds
+    g.log_window = 20
+    c.grpo = g
+
+    r = ml_collections.ConfigDict()
+    r.num_slots = 64 if tiny else 128
+    r.temperature = 1.0
+    r.top_p = 1.0
+    r.max_turn_tokens = 48 if tiny else 8192      # one continuation = one assistant turn
+    r.max_total_tokens = 1024 if tiny else 24576  # prompt + continuation (and policy episodes for the dataset)
+    r.max_tool_turns = 4 if tiny else 20          # policy episodes that build the pivot dataset
+    c.rollout = r
+
+    # Device groups (consecutive slices of jax.devices()); all 0 = everything shares the default device.
+    # The frozen reference lives on the actor's devices with the actor's shardings.
+    c.devices = ml_collections.ConfigDict(dict(rollout=0, actor=0) if tiny else dict(rollout=64, actor=64))
+    return c

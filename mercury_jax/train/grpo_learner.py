@@ -1,0 +1,89 @@
+"""The pivot-GRPO learner step as jitted functions over a padded batch of continuations (ALGORITHMS.md, pipeline 2).
+
+Row b = one continuation (the next assistant turn) of a pivot state: prompt tokens (action_mask 0) then the
+sampled turn (action_mask 1). With A_b the group advantage of its reward (`rl.advantages.group_advantages`),
+broadcast over the row's action tokens, and all math in fp32:
+
+    r_t   = exp(clip(logp_t - rollout_logp_t, -20, 20))                         (rollout_logp: the sampler's)
+    pg_t  = max(-A_b r_t, -A_b clip(r_t, 1 - eps, 1 + eps_high))                 clipped surrogate
+    d_t   = clip(ref_logp_t - logp_t, -20, 20)
+    k3_t  = exp(d_t) - d_t - 1  (= expm1(d_t) - d_t)                             KL(pi_theta || pi_ref) estimate
+    loss  = agg(pg) + kl_coef * agg(k3)                                          agg = `loss_agg` (aggregation.py)
+
+`ref_logp` comes from the frozen reference (the starting policy in `reference_dtype`, bf16 by default), computed
+once per batch by `make_reference_logprobs` outside the gradient; it is never updated.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from mercury_jax.rl.losses import LOG_RATIO_CLAMP, kl_loss, ppo_clip_loss
+from models.qwen35_moe.logprobs import sequence_logprobs
+
+
+def grpo_loss(logp, rollout_logp, ref_logp, advantages, action_mask, *, eps, eps_high, kl_coef, kl_estimator="k3",
+              loss_agg="seq-mean-token-mean"):
+    """(loss, metrics) of the module docstring on [B, T] arrays; metrics hold the policy and KL terms, the KL's
+    token mean, the clip fractions and the mean ratio (all scalars)."""
+    policy_loss, pg_aux = ppo_clip_loss(logp, rollout_logp, advantages, action_mask, eps_low=eps, eps_high=eps_high,
+                                        loss_agg=loss_agg)
+    kl_term, kl_aux = kl_loss(logp, ref_logp, action_mask, estimator=kl_estimator, clamp=LOG_RATIO_CLAMP,
+                              loss_agg=loss_agg)
+    loss = policy_loss + kl_coef * kl_term
+    return loss, {"policy_loss": policy_loss, "kl_loss": kl_term, "kl": kl_aux["mean_kl"],
+                  "clip_fraction": pg_aux["clip_fraction"], "clip_low_fraction": pg_aux["clip_low_fraction"],
+                  "clip_high_fraction": pg_aux["clip_high_fraction"], "mean_ratio": pg_aux["mean_ratio"]}
+
+
+def make_grpo_step(actor_graphdef, tx, cfg, *, state_shardings=None):
+    """jit(params, frozen, opt_state, batch) -> (params, opt_state, metrics); batch: tokens [B, T] int32,
+    action_mask, rollout_logprobs, ref_logprobs, advantages [B, T] float32. Params and optimiser state are donated.
+
+    `state_shardings` ((params, opt_state) shardings, e.g. of the arrays passed in) pins the outputs to the
+    inputs' layout: otherwise the compiler may return an equivalent layout under another name (P() for
+    P(None, None)), and the second step, seeing new input shardings, would compile the whole step again.
+    """
+    def loss_fn(actor, batch):
+        logp = sequence_logprobs(actor, batch["tokens"])
+        mask = batch["action_mask"]
+        loss, metrics = grpo_loss(logp, batch["rollout_logprobs"], batch["ref_logprobs"], batch["advantages"], mask,
+                                  eps=cfg.eps, eps_high=cfg.eps_high, kl_coef=cfg.kl_coef,
+                                  kl_estimator=cfg.kl_estimator, loss_agg=cfg.loss_agg)
+        count = jnp.maximum(jnp.sum(mask), 1.0)
+        metrics["logp_train_rollout_gap"] = jnp.sum(jnp.abs(logp - batch["rollout_logprobs"]) * mask) / count
+        return loss, metrics
+
+    def step(params, frozen, opt_state, batch):
+        def loss_of(p):
+            return loss_fn(nnx.merge(actor_graphdef, p, frozen), batch)
+
+        (loss, metrics), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return params, opt_state, {**metrics, "loss": loss, "grad_norm": optax.global_norm(grads)}
+
+    out_shardings = None if state_shardings is None else (*state_shardings, None)
+    return jax.jit(step, donate_argnums=(0, 2), out_shardings=out_shardings)
+
+
+def make_reference_logprobs(reference_graphdef):
+    """jit(reference_state, tokens [B, T]) -> log-probs [B, T] fp32 of the frozen reference (never differentiated)."""
+    @jax.jit
+    def reference_logprobs(reference_state, tokens_BxT):
+        reference = nnx.merge(reference_graphdef, reference_state)
+        return jax.lax.stop_gradient(sequence_logprobs(reference, tokens_BxT)).astype(jnp.float32)
+    return reference_logprobs
+
+
+def frozen_reference(model: nnx.Module, dtype) -> tuple:
+    """(graphdef, state) of a copy of `model` with every floating array cast to `dtype` (new buffers, same
+    shardings as the model's, so the reference is laid out like the actor and shares nothing with it)."""
+    graphdef, state = nnx.split(model)
+    # jnp.copy first: an astype to the same dtype is no operation, and jit would hand back the actor's own buffer
+    cast = jax.jit(lambda tree: jax.tree.map(
+        lambda x: jnp.copy(x).astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else jnp.copy(x), tree),
+        out_shardings=jax.tree.map(lambda x: x.sharding, state))
+    return graphdef, cast(state)

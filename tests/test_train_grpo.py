@@ -1,0 +1,401 @@
+"""The pivot-GRPO pipeline: the learner loss against a hand computation, real GRPO steps (the frozen reference never
+changes while the actor does; checkpoints from step 0; resume), the pivot dataset builder and the stop-verifier
+verdicts the trainer assigns, and fail-fast config checks.
+
+The real steps run a randomly initialised tiny model (no SFT: `sft.enabled` False, the SentencePiece tokenizer
+still trained on the tiny browsing world's oracle text). Its continuations are malformed, so every stop-verifier
+reward would be 0 and every advantage 0; as in test_train_sao.py, a test-side wrapper scores continuations with a
+synthetic, deterministic reward of their tokens instead, so the policy term has a real gradient.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from experiments.grpo import get_config
+from mercury_jax.envs.browse.stop_verifier import STOP_RULES
+from mercury_jax.envs.episode import oracle_trajectory
+from mercury_jax.envs.presets import preset_tasks
+from mercury_jax.export import read_checkpoint_arrays, save_run_config
+from mercury_jax.rl.advantages import group_advantages
+from mercury_jax.rollout.engine import Sample
+from mercury_jax.rollout.trajectory import Trajectory
+from mercury_jax.chat import render_completion
+from mercury_jax.train import grpo as grpo_module
+from mercury_jax.train import setup
+from mercury_jax.train.grpo import continuation_batch, outcome_metrics, score_continuation
+from mercury_jax.train.grpo_learner import (frozen_reference, grpo_loss, make_grpo_step,
+                                            make_reference_logprobs)
+from mercury_jax.train.optim import make_optimizer
+from mercury_jax.train.pivot_data import build_pivots, read_pivots, task_tool_schemas
+from mercury_jax.train.state import TrainState
+from mercury_jax.train.validate import ConfigError, validate_config
+from models.qwen35_moe.logprobs import sequence_logprobs
+
+STEPS, KILLED_AT = 2, 1
+
+
+def tiny_grpo_config(steps: int):
+    c = get_config("tiny")
+    c.model.overrides.num_hidden_layers = 2  # one GDN + one attention layer: the same code paths, faster compiles
+    c.sft.enabled = False
+    c.world.num_train_tasks = 16          # tokenizer corpus
+    c.grpo.steps, c.grpo.batch_states, c.grpo.group_size = steps, 2, 4
+    c.grpo.pivot_tasks = 4
+    c.rollout.num_slots, c.rollout.max_turn_tokens = 8, 16
+    c.devices.rollout, c.devices.actor = 1, 2
+    return c
+
+
+# ------------------------------------------------------------------------------------------------ the loss
+def _fixed_batch():
+    """Two states (prompts of 3 and 4 tokens) x K = 3 continuations; group 1 has equal rewards."""
+    states = [{"prompt_ids": [5, 6, 7]}, {"prompt_ids": [5, 6, 7, 8]}]
+    conts = [[[11, 12], [13], [14, 15, 16]], [[17, 18], [19, 20], [21]]]
+    rollout = [[[-0.5, -1.0], [-2.0], [-0.1, -0.3, -0.7]], [[-1.5, -0.2], [-0.9, -0.4], [-1.1]]]
+    samples = [[Sample(0, t, lp, "stop") for t, lp in zip(ts, lps)] for ts, lps in zip(conts, rollout)]
+    rewards = np.array([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    return states, samples, rewards
+
+
+def _hand_loss(batch, logp, ref_logp, eps, eps_high, kl_coef, loss_agg):
+    """The GRPO loss row by row, token by token (module docstring of grpo_learner)."""
+    pg_rows, kl_rows, clipped, tokens = [], [], 0, 0
+    length = batch["tokens"].shape[1]
+    for b in range(len(batch["tokens"])):
+        idx = np.flatnonzero(batch["action_mask"][b])
+        if not len(idx):
+            continue
+        pg, kl = [], []
+        for t in idx:
+            ratio = math.exp(logp[b, t] - batch["rollout_logprobs"][b, t])
+            adv = batch["advantages"][b, t]
+            unclipped, clip = -adv * ratio, -adv * min(max(ratio, 1 - eps), 1 + eps_high)
+            pg.append(max(unclipped, clip))
+            clipped += clip > unclipped
+            d = ref_logp[b, t] - logp[b, t]
+            kl.append(math.exp(d) - d - 1)
+            tokens += 1
+        if loss_agg == "seq-mean-token-mean":
+            pg_rows.append(np.mean(pg)), kl_rows.append(np.mean(kl))
+        elif loss_agg == "seq-mean-token-sum-norm":
+            pg_rows.append(np.sum(pg) / length), kl_rows.append(np.sum(kl) / length)
+        else:
+            pg_rows += pg
+            kl_rows += kl
+    return np.mean(pg_rows) + kl_coef * np.mean(kl_rows), clipped / tokens
+
+
+@pytest.mark.parametrize("std_normalize,filter_zero,loss_agg", [
+    (True, False, "seq-mean-token-mean"), (False, True, "token-mean"), (True, True, "seq-mean-token-sum-norm")])
+def test_group_advantages_and_loss_on_a_fixed_batch_match_hand_computation(std_normalize, filter_zero, loss_agg):
+    states, samples, rewards = _fixed_batch()
+    adv, stats = group_advantages(rewards, std_normalize=std_normalize, return_stats=True)
+    # group 0: mean 1/3, population std sqrt(2)/3; group 1: all equal -> 0 and counted
+    centred = np.array([2 / 3, -1 / 3, -1 / 3])
+    want = centred / (math.sqrt(2) / 3 + 1e-6) if std_normalize else centred
+    np.testing.assert_allclose(np.asarray(adv)[0], want, rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(adv)[1], 0.0)
+    assert int(stats["num_zero_variance"]) == 1 and float(stats["zero_variance_fraction"]) == 0.5
+    keep = np.asarray(stats["keep"]) if filter_zero else np.ones(2, bool)
+    batch = continuation_batch(states, samples, np.asarray(adv), keep, 8, pad_id=0)
+
+    # layout: row g*K + k = prompt g then continuation k; only continuation tokens of kept groups are actions
+    np.testing.assert_array_equal(batch["tokens"][2], [5, 6, 7, 14, 15, 16, 0, 0])
+    np.testing.assert_array_equal(batch["tokens"][3], [5, 6, 7, 8, 17, 18, 0, 0])
+    np.testing.assert_array_equal(batch["action_mask"][0], [0, 0, 0, 1, 1, 0, 0, 0])
+    kept = float(not filter_zero)
+    np.testing.assert_array_equal(batch["action_mask"][3], [0, 0, 0, 0, kept, kept, 0, 0])
+    np.testing.assert_allclose(batch["advantages"][0, 3:5], want[0], rtol=1e-6)
+    np.testing.assert_allclose(batch["rollout_logprobs"][2, 3:6], [-0.1, -0.3, -0.7])
+    assert not batch["advantages"][:, :3].any()
+
+    rng = np.random.default_rng(0)
+    sign = (-1.0) ** np.add.outer(np.arange(6), np.arange(8))  # ratios e^0.4 and e^-0.4: outside the band
+    logp = (batch["rollout_logprobs"] + 0.4 * sign).astype(np.float32)
+    ref_logp = batch["rollout_logprobs"] + rng.normal(0, 0.5, batch["tokens"].shape).astype(np.float32)
+    loss, metrics = grpo_loss(logp, batch["rollout_logprobs"], ref_logp, batch["advantages"], batch["action_mask"],
+                              eps=0.2, eps_high=0.28, kl_coef=0.01, kl_estimator="k3", loss_agg=loss_agg)
+    hand, clip_fraction = _hand_loss(batch, logp, ref_logp, 0.2, 0.28, 0.01, loss_agg)
+    # fp32 against float64 over a handful of tokens
+    np.testing.assert_allclose(float(loss), hand, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(float(metrics["clip_fraction"]), clip_fraction, rtol=1e-6)
+    assert 0 < clip_fraction < 1  # the perturbation moves some ratios out of the band
+
+
+def test_learner_step_wires_rollout_and_reference_logprobs(tiny_model):
+    """The jitted step's loss equals `grpo_loss` on the model's own log-probs, with the batch's rollout and
+    reference log-probs in their places; the reference log-probs come from the bf16 copy (close to the fp32
+    model's, not equal)."""
+    model = tiny_model
+    cfg = get_config("tiny").grpo
+    cfg.kl_coef = 0.5  # large, so a swapped reference/rollout would change the loss visibly
+    reference_graphdef, reference_state = frozen_reference(model, jnp.bfloat16)
+    assert {x.dtype for x in jax.tree.leaves(reference_state) if jnp.issubdtype(x.dtype, jnp.floating)} == {
+        jnp.dtype(jnp.bfloat16)}
+    rng = np.random.default_rng(1)
+    tokens = jnp.asarray(rng.integers(40, 200, (4, 24)), jnp.int32)
+    mask = np.zeros((4, 24), np.float32)
+    mask[:, 10:20] = 1
+    ref_logp = np.asarray(make_reference_logprobs(reference_graphdef)(reference_state, tokens))
+    logp = np.asarray(nnx.jit(sequence_logprobs)(model, tokens))
+    assert 1e-4 < np.abs(ref_logp - logp)[mask > 0].max() < 0.1  # bf16 weights: close, not equal
+    batch = {"tokens": tokens, "action_mask": mask, "ref_logprobs": ref_logp,
+             "rollout_logprobs": (logp + rng.normal(0, 0.2, logp.shape) * mask).astype(np.float32),
+             "advantages": (np.array([1.0, -1.0, 0.5, -0.5])[:, None] * mask).astype(np.float32)}
+    want, want_metrics = grpo_loss(logp, batch["rollout_logprobs"], ref_logp, batch["advantages"], mask, eps=cfg.eps,
+                                   eps_high=cfg.eps_high, kl_coef=cfg.kl_coef, loss_agg=cfg.loss_agg)
+    state = TrainState.create(model, make_optimizer(cfg.actor_optimizer))
+    step = make_grpo_step(state.graphdef, state.tx, cfg)
+    _, _, metrics = step(state.params, state.frozen, state.opt_state, batch)
+    # same fp32 forward inside and outside the jit; reductions may be ordered differently
+    np.testing.assert_allclose(float(metrics["loss"]), float(want), rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["kl"]), float(want_metrics["kl"]), rtol=1e-4)
+    assert float(metrics["kl"]) > 0 and float(metrics["grad_norm"]) > 0
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    return setup.build_model(tiny_grpo_config(1).model, 256, seed=0)
+
+
+# ------------------------------------------------------------------------------------------------ real steps
+def synthetic_score(state, sample, tokenizer, rules):
+    """A deterministic reward in [0, 1] of the sampled tokens (varies within a group, so advantages do)."""
+    verdict = score_continuation(state, sample, tokenizer, rules)
+    return {**verdict, "reward": (sum(sample.tokens) % 7) / 6.0}
+
+
+@pytest.fixture(scope="module")
+def persistent_compilation_cache(tmp_path_factory):
+    """The resumed run compiles the same programs as the first one: compile each once."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+            "jax_persistent_cache_min_entry_size_bytes")
+    saved = {key: jax.config.values[key] for key in keys}
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    compilation_cache.reset_cache()
+    yield
+    for key, value in saved.items():
+        jax.config.update(key, value)
+    compilation_cache.reset_cache()
+
+
+def run(config, workdir):
+    """run_grpo with synthetic rewards; also returns host copies of the reference weights when it was built."""
+    built = {}
+
+    def recording_reference(model, dtype):
+        graphdef, state = frozen_reference(model, dtype)
+        built["state"] = jax.device_get(nnx.to_pure_dict(state))
+        return graphdef, state
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(grpo_module, "score_continuation", synthetic_score)
+        patch.setattr(grpo_module, "frozen_reference", recording_reference)
+        save_run_config(config, workdir)
+        actor, history, (reference_graphdef, reference_state) = grpo_module.run_grpo(config, workdir)
+    return actor, history, reference_state, built["state"]
+
+
+@pytest.fixture(scope="module")
+def grpo_run(tmp_path_factory, persistent_compilation_cache):
+    workdir = tmp_path_factory.mktemp("grpo")
+    actor, history, reference_state, reference_at_start = run(tiny_grpo_config(KILLED_AT), workdir)
+    first_history = list(history)
+    actor, history, reference_state, reference_at_resume = run(tiny_grpo_config(STEPS), workdir)
+    return dict(workdir=workdir, actor=actor, history=history, first_history=first_history,
+                reference_state=reference_state, reference_at_start=reference_at_start,
+                reference_at_resume=reference_at_resume)
+
+
+def _checkpoint(workdir, step, *subtree):
+    return read_checkpoint_arrays(workdir / "grpo" / "checkpoints" / str(step) / "arrays", subtree)
+
+
+def _flat(pure: dict) -> dict:
+    """{path of names: array}, named as `read_checkpoint_arrays` names them."""
+    return {tuple(str(getattr(k, "key", getattr(k, "idx", k))) for k in path): np.asarray(v)
+            for path, v in jax.tree_util.tree_flatten_with_path(pure)[0]}
+
+
+def test_reference_never_changes_while_the_actor_does(grpo_run):
+    workdir = grpo_run["workdir"]
+    start = _checkpoint(workdir, 0, "actor", "params")
+    last = _checkpoint(workdir, STEPS, "actor", "params")
+    assert set(start) == set(last) and start
+    moved = [p for p in start if not np.array_equal(start[p], last[p])]
+    assert len(moved) > len(start) // 2, f"only {len(moved)} of {len(start)} actor parameters moved"
+
+    # the reference held at the end is bitwise the bf16 copy of step 0's actor, as built before the first step
+    at_end = _flat(jax.device_get(nnx.to_pure_dict(grpo_run["reference_state"])))
+    at_start = _flat(grpo_run["reference_at_start"])
+    assert at_end.keys() == at_start.keys()
+    for path in at_start:
+        np.testing.assert_array_equal(at_end[path], at_start[path], err_msg=str(path))
+    for path, value in start.items():
+        assert at_end[path].dtype == jnp.bfloat16
+        np.testing.assert_array_equal(at_end[path], value.astype(jnp.bfloat16), err_msg=str(path))
+
+    # and it lives where the actor lives, laid out like it
+    actor_params = nnx.state(grpo_run["actor"], nnx.Param)
+    reference_params = nnx.split(nnx.merge(nnx.graphdef(grpo_run["actor"]), grpo_run["reference_state"]),
+                                 nnx.Param, ...)[1]
+    actor_leaves, reference_leaves = jax.tree.leaves(actor_params), jax.tree.leaves(reference_params)
+    assert len(actor_leaves) == len(reference_leaves)
+    assert len({d for leaf in actor_leaves for d in leaf.devices()}) == 2
+    for actor_leaf, reference_leaf in zip(actor_leaves, reference_leaves):
+        assert reference_leaf.sharding.is_equivalent_to(actor_leaf.sharding, actor_leaf.ndim)
+
+
+def test_steps_log_finite_metrics_publish_weights_and_checkpoint_every_step(grpo_run):
+    workdir, history = grpo_run["workdir"], grpo_run["history"]
+    assert [r["step"] for r in history] == list(range(1, STEPS + 1))
+    for record in history:
+        for key in ("reward", "kl", "clip_fraction", "grad_norm", "policy_loss", "zero_variance_fraction"):
+            assert math.isfinite(record[key]), (record["step"], key)
+        assert record["grad_norm"] > 0 and record["kl"] >= 0
+        # the engine samples with the weights the learner holds (published after every update): log-probs agree
+        # to float rounding (fp32 both sides)
+        assert record["logp_train_rollout_gap"] < 1e-4, record["logp_train_rollout_gap"]
+        assert abs(sum(record[f"outcome_{name}"] for name in STOP_RULES) - 1) < 1e-6
+    assert [r["policy_version"] for r in history] == list(range(1, STEPS + 1))
+    assert [r["states_consumed"] for r in history] == [2 * s for s in range(1, STEPS + 1)]
+    steps = sorted(int(p.name) for p in (workdir / "grpo" / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps == list(range(STEPS + 1))  # step 0 = the starting policy
+    for step in steps:
+        meta = json.loads((workdir / "grpo" / "checkpoints" / str(step) / "meta" / "metadata").read_text())
+        assert meta == {"step": step, "version": step, "states_consumed": 2 * step}
+        assert _checkpoint(workdir, step, "actor", "frozen") is not None
+
+
+def test_resumed_run_continues_from_the_checkpoint(grpo_run):
+    first, history = grpo_run["first_history"], grpo_run["history"]
+    assert [r["step"] for r in first] == list(range(1, KILLED_AT + 1))
+    assert history[:KILLED_AT] == first  # the resumed run keeps the earlier records and appends
+    # the resumed reference is rebuilt from the same starting policy: bitwise the same
+    for path, value in _flat(grpo_run["reference_at_start"]).items():
+        np.testing.assert_array_equal(_flat(grpo_run["reference_at_resume"])[path], value)
+
+
+# ------------------------------------------------------------------------------------------------ pivot data
+@pytest.fixture(scope="module")
+def browse_tasks():
+    return preset_tasks("browse", "tiny", seed=3, count=4)
+
+
+def test_pivot_builder_writes_labelled_states_with_provenance(browse_tasks, tmp_path):
+    path = tmp_path / "pivots.jsonl"
+    counts = build_pivots(browse_tasks, path, source="oracle", oracle_options={"over_search_prob": 1.0},
+                          policy_version="sft")
+    records = read_pivots(path)
+    assert counts == {"tasks": 4, "pivots": 8, "sufficient": 4, "tasks_with_pivots": 4}
+    assert [r["kind"] for r in records] == ["one_step_before", "just_sufficient"] * 4
+    for before, stop in zip(records[::2], records[1::2]):
+        task = before["task"]
+        assert stop["task"] == task and task["task_id"] in {t["task_id"] for t in browse_tasks}
+        assert not before["evidence_sufficient"] and stop["evidence_sufficient"]
+        assert stop["next_action"] == "tool_call"   # over_search_prob 1: the oracle searched on
+        assert before["provenance"] == {"source": "oracle", "policy_version": "sft", "task_seed": 3,
+                                        "message_index": len(before["prefix"])}
+        assert before["prefix"] == oracle_trajectory(task, over_search_prob=1.0)[:len(before["prefix"])]
+
+    # a policy's trajectories (here: the oracle's turns as a rollout would hold them) give the same states
+    def run_episodes(tasks):
+        trajectories = []
+        for task in tasks:
+            chat = oracle_trajectory(task, over_search_prob=1.0)
+            turns = [m for m in chat if m["role"] == "assistant"]
+            results, turn = [], -1
+            for message in chat[2:]:
+                if message["role"] == "assistant":
+                    turn += 1
+                else:
+                    results.append({"turn": turn, "name": message["name"], "text": message["content"]})
+            trajectories.append(Trajectory(task["task_id"], [0], [0], [0.0], [-1], 1,
+                                           assistant_texts=[render_completion(m) for m in turns],
+                                           tool_results=results))
+        return trajectories
+
+    policy_path = tmp_path / "policy.jsonl"
+    build_pivots(browse_tasks, policy_path, source="policy", run_episodes=run_episodes, policy_version=0)
+    from_policy = read_pivots(policy_path)
+    assert [(r["kind"], r["evidence_sufficient"]) for r in from_policy] == [
+        (r["kind"], r["evidence_sufficient"]) for r in records]
+    assert {r["provenance"]["source"] for r in from_policy} == {"policy"}
+    with pytest.raises(FileNotFoundError, match="grpo.pivots_path"):
+        read_pivots(tmp_path / "missing.jsonl")
+
+
+class CharTokenizer:
+    """decode(ids) = the characters with those code points (enough for scoring)."""
+
+    def decode(self, ids):
+        return "".join(map(chr, ids))
+
+
+def _sample(text: str, finish_reason: str = "stop") -> Sample:
+    return Sample(0, [ord(c) for c in text], [0.0] * len(text), finish_reason)
+
+
+def test_verifier_outcomes_of_known_continuations(browse_tasks, tmp_path):
+    build_pivots(browse_tasks[:1], tmp_path / "p.jsonl", source="oracle", oracle_options={"over_search_prob": 1.0})
+    before, stop = read_pivots(tmp_path / "p.jsonl")
+    tools = task_tool_schemas([before["task"]])[0]
+    states = [{"task": r["task"], "prefix": r["prefix"], "tools": tools, "record": r} for r in (before, stop)]
+    answer, entity = stop["task"]["answer"], stop["task"]["chain"][0]
+    search = f"\n</think>\n\n<tool_call>\n<function=search>\n<parameter=query>\n{answer}\n</parameter>\n</function>\n" \
+             f"</tool_call><|im_end|>"
+    cases = [  # (state, continuation, finish reason, outcome)
+        (1, f"\n</think>\n\nFinal answer: {answer}<|im_end|>", "stop", "correct_stop"),
+        (1, search, "stop", "over_search"),
+        (0, f"\n</think>\n\nFinal answer: {answer}<|im_end|>", "stop", "premature"),
+        (0, search, "stop", "continue_insufficient"),
+        (1, f"\n</think>\n\nFinal answer: {entity}<|im_end|>", "stop", "wrong"),
+        (1, "\n</think>\n\nI think I know it.<|im_end|>", "stop", "malformed"),
+        (1, f"\n</think>\n\nFinal answer: {answer}", "length", "malformed"),  # cut off by max_turn_tokens
+        (1, "\n</think>\n\n<tool_call>\n<function=browse>\n</function>\n</tool_call><|im_end|>", "stop", "malformed"),
+    ]
+    scores = []
+    for index, text, finish, outcome in cases:
+        verdict = score_continuation(states[index], _sample(text, finish), CharTokenizer(), dict(STOP_RULES))
+        assert verdict["outcome"] == outcome, (text, verdict)
+        assert verdict["reward"] == STOP_RULES[outcome]
+        assert verdict["cut_off"] == (finish == "length")
+        scores.append(verdict)
+    metrics = outcome_metrics([states[i] for i, *_ in cases[:4]], [[s] for s in scores[:4]],
+                              [[_sample(text)] for _, text, *_ in cases[:4]])
+    assert metrics["over_search_rate"] == 0.5 and metrics["stop_rate_sufficient"] == 0.5
+    assert metrics["premature_rate"] == 0.5 and metrics["reward"] == 0.5
+
+
+# ------------------------------------------------------------------------------------------------ fail fast
+def test_group_size_one_fails_with_the_fix():
+    config = tiny_grpo_config(1)
+    config.grpo.group_size = 1
+    with pytest.raises(ConfigError, match=r"grpo.group_size 1 < 2: .* --config.grpo.group_size=8"):
+        validate_config(config)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("devices.actor", 3, r"a minibatch of 8 rows .* not divisible by the 3 actor devices"),
+    ("grpo.kl_coef", -0.1, r"grpo.kl_coef must be >= 0"),
+    ("grpo.loss_agg", "sum", r"grpo.loss_agg 'sum' is not one of"),
+    ("world.name", "enterprise", r"world.name is 'enterprise'; .* world.name='browse'"),
+])
+def test_bad_grpo_configs_fail_with_the_fix(field, value, message):
+    config = tiny_grpo_config(1)
+    section, name = field.split(".")
+    config[section][name] = value
+    with pytest.raises(ConfigError, match=message):
+        validate_config(config)
+    validate_config(tiny_grpo_config(1))  # the unmodified config passes
