@@ -154,3 +154,17 @@ def test_tool_errors_name_the_fix(tool, args, message):
 def test_make_tools_rejects_unknown_names():
     with pytest.raises(ValueError, match="unknown enterprise tools"):
         make_tools(generate_world(0), ["search_tickets", "launch_rocket"])
+
+
+def test_short_ids_are_one_digit_unique_and_leave_the_full_world_alone():
+    from mercury_jax.envs.presets import ENTERPRISE
+
+    id_pattern = {False: re.compile(r"^[A-Z]+-\d{3,4}$"), True: re.compile(r"^[A-Z]+-\d$")}
+    for seed in range(20):
+        for short in (False, True):
+            config = ENTERPRISE["tiny"].world if short else ENTERPRISE["full"].world
+            assert config.short_ids is short
+            db = generate_world(seed, config)
+            ids = [rid for name, table in db.items() if name != "meta" for rid in table]
+            assert len(ids) == len(set(ids))
+            assert all(id_pattern[short].match(rid) for rid in ids), [r for r in ids if not id_pattern[short].match(r)]

@@ -20,7 +20,8 @@ ENTERPRISE = {
         tool_range=(2, 3), tool_mean=2.0, tool_sd=0.0, short_prompts=True,
         templates=("tiny_close_ticket", "tiny_deal_stage", "tiny_delete_phishing"),
         world=WorldConfig(departments=2, staff_per_department=(1, 2), accounts=(2, 2), tickets_per_account=(1, 1),
-                          events=2, documents_extra=0, leave_requests=1, filler_emails=0)),
+                          events=2, documents_extra=0, leave_requests=1, filler_emails=0,
+                          short_ids=True)),
 }
 BROWSE = {
     "full": CorpusConfig(),

@@ -69,6 +69,7 @@ class WorldConfig:
     documents_extra: int = 4
     leave_requests: int = 5
     filler_emails: int = 6
+    short_ids: bool = False       # one-digit ids numbered from 1 or 2 ("D-3"): copyable by a from-scratch tiny model
 
 
 def generate_world(seed: int, config: WorldConfig = WorldConfig()) -> dict:
@@ -90,7 +91,10 @@ class _Builder:
         self.names: set[str] = set()
 
     def new_id(self, prefix: str) -> str:
-        self.counters[prefix] = self.counters.get(prefix, 100 + self.rng.randrange(800)) + self.rng.randint(1, 9)
+        if self.config.short_ids:
+            self.counters[prefix] = self.counters.get(prefix, self.rng.randrange(2)) + 1
+        else:
+            self.counters[prefix] = self.counters.get(prefix, 100 + self.rng.randrange(800)) + self.rng.randint(1, 9)
         return f"{prefix}-{self.counters[prefix]}"
 
     def person_name(self) -> str:
