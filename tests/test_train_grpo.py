@@ -19,6 +19,7 @@ import pytest
 from flax import nnx
 
 from experiments.grpo import get_config
+from mercury_jax.chat import render_completion
 from mercury_jax.envs.browse.stop_verifier import STOP_RULES
 from mercury_jax.envs.episode import oracle_trajectory
 from mercury_jax.envs.presets import preset_tasks
@@ -26,12 +27,10 @@ from mercury_jax.export import read_checkpoint_arrays, save_run_config
 from mercury_jax.rl.advantages import group_advantages
 from mercury_jax.rollout.engine import Sample
 from mercury_jax.rollout.trajectory import Trajectory
-from mercury_jax.chat import render_completion
 from mercury_jax.train import grpo as grpo_module
 from mercury_jax.train import setup
-from mercury_jax.train.grpo import continuation_batch, outcome_metrics, score_continuation
-from mercury_jax.train.grpo_learner import (frozen_reference, grpo_loss, make_grpo_step,
-                                            make_reference_logprobs)
+from mercury_jax.train.grpo import continuation_batch, minibatch_rows, outcome_metrics, score_continuation
+from mercury_jax.train.grpo_learner import frozen_reference, grpo_loss, make_grpo_step, make_reference_logprobs
 from mercury_jax.train.optim import make_optimizer
 from mercury_jax.train.pivot_data import build_pivots, read_pivots, task_tool_schemas
 from mercury_jax.train.state import TrainState
@@ -129,6 +128,14 @@ def test_group_advantages_and_loss_on_a_fixed_batch_match_hand_computation(std_n
     assert 0 < clip_fraction < 1  # the perturbation moves some ratios out of the band
 
 
+def test_minibatches_partition_the_rows_the_same_way_on_a_rerun():
+    assert [list(r) for r in minibatch_rows(6, 1, seed=0, step=3, epoch=0)] == [list(range(6))]
+    parts = minibatch_rows(8, 4, seed=0, step=3, epoch=1)
+    assert len(parts) == 4 and all(len(p) == 2 for p in parts)
+    assert sorted(np.concatenate(parts)) == list(range(8))
+    assert all((a == b).all() for a, b in zip(parts, minibatch_rows(8, 4, seed=0, step=3, epoch=1)))
+
+
 def test_learner_step_wires_rollout_and_reference_logprobs(tiny_model):
     """The jitted step's loss equals `grpo_loss` on the model's own log-probs, with the batch's rollout and
     reference log-probs in their places; the reference log-probs come from the bf16 copy (close to the fp32
@@ -203,7 +210,7 @@ def run(config, workdir):
         patch.setattr(grpo_module, "score_continuation", synthetic_score)
         patch.setattr(grpo_module, "frozen_reference", recording_reference)
         save_run_config(config, workdir)
-        actor, history, (reference_graphdef, reference_state) = grpo_module.run_grpo(config, workdir)
+        actor, history, (_, reference_state) = grpo_module.run_grpo(config, workdir)
     return actor, history, reference_state, built["state"]
 
 
@@ -213,9 +220,9 @@ def grpo_run(tmp_path_factory, persistent_compilation_cache):
     actor, history, reference_state, reference_at_start = run(tiny_grpo_config(KILLED_AT), workdir)
     first_history = list(history)
     actor, history, reference_state, reference_at_resume = run(tiny_grpo_config(STEPS), workdir)
-    return dict(workdir=workdir, actor=actor, history=history, first_history=first_history,
-                reference_state=reference_state, reference_at_start=reference_at_start,
-                reference_at_resume=reference_at_resume)
+    return {"workdir": workdir, "actor": actor, "history": history, "first_history": first_history,
+            "reference_state": reference_state, "reference_at_start": reference_at_start,
+            "reference_at_resume": reference_at_resume}
 
 
 def _checkpoint(workdir, step, *subtree):
@@ -295,8 +302,7 @@ def browse_tasks():
 
 def test_pivot_builder_writes_labelled_states_with_provenance(browse_tasks, tmp_path):
     path = tmp_path / "pivots.jsonl"
-    counts = build_pivots(browse_tasks, path, source="oracle", oracle_options={"over_search_prob": 1.0},
-                          policy_version="sft")
+    counts = build_pivots(browse_tasks, path, source="oracle", oracle_options={"over_search_prob": 1.0})
     records = read_pivots(path)
     assert counts == {"tasks": 4, "pivots": 8, "sufficient": 4, "tasks_with_pivots": 4}
     assert [r["kind"] for r in records] == ["one_step_before", "just_sufficient"] * 4
@@ -305,8 +311,9 @@ def test_pivot_builder_writes_labelled_states_with_provenance(browse_tasks, tmp_
         assert stop["task"] == task and task["task_id"] in {t["task_id"] for t in browse_tasks}
         assert not before["evidence_sufficient"] and stop["evidence_sufficient"]
         assert stop["next_action"] == "tool_call"   # over_search_prob 1: the oracle searched on
-        assert before["provenance"] == {"source": "oracle", "policy_version": "sft", "task_seed": 3,
-                                        "message_index": len(before["prefix"])}
+        assert before["provenance"] == {"source": "oracle", "policy_version": None, "task_seed": 3,
+                                        "message_index": len(before["prefix"]),
+                                        "oracle_options": {"over_search_prob": 1.0}}
         assert before["prefix"] == oracle_trajectory(task, over_search_prob=1.0)[:len(before["prefix"])]
 
     # a policy's trajectories (here: the oracle's turns as a rollout would hold them) give the same states
@@ -327,11 +334,17 @@ def test_pivot_builder_writes_labelled_states_with_provenance(browse_tasks, tmp_
         return trajectories
 
     policy_path = tmp_path / "policy.jsonl"
-    build_pivots(browse_tasks, policy_path, source="policy", run_episodes=run_episodes, policy_version=0)
+    build_pivots(browse_tasks, policy_path, source="policy", run_episodes=run_episodes, policy_version="sft step 80")
     from_policy = read_pivots(policy_path)
-    assert [(r["kind"], r["evidence_sufficient"]) for r in from_policy] == [
-        (r["kind"], r["evidence_sufficient"]) for r in records]
-    assert {r["provenance"]["source"] for r in from_policy} == {"policy"}
+    assert [(r["kind"], r["evidence_sufficient"], r["provenance"]["message_index"]) for r in from_policy] == [
+        (r["kind"], r["evidence_sufficient"], r["provenance"]["message_index"]) for r in records]
+    assert {(r["provenance"]["source"], r["provenance"]["policy_version"]) for r in from_policy} == {
+        ("policy", "sft step 80")}
+    for ours, oracle in zip(from_policy, records):  # the rebuilt chats hold the same calls and results
+        calls = [m.get("tool_calls") for m in ours["prefix"]]
+        assert calls == [m.get("tool_calls") for m in oracle["prefix"]]
+        assert [m["content"] for m in ours["prefix"] if m["role"] == "tool"] == [
+            m["content"] for m in oracle["prefix"] if m["role"] == "tool"]
     with pytest.raises(FileNotFoundError, match="grpo.pivots_path"):
         read_pivots(tmp_path / "missing.jsonl")
 

@@ -113,19 +113,13 @@ def run_grpo(config: ml_collections.ConfigDict, workdir: Path):
                    "advantage_abs_mean": float(np.abs(advantages_GxK).mean())}
         t1 = time.perf_counter()
         if keep_G.any():
-            tokens = _to_mesh({"tokens": host_batch["tokens"]}, meshes["actor"])["tokens"]
-            host_batch["ref_logprobs"] = np.asarray(jax.device_get(reference_logprobs(reference_state, tokens)))
+            host_batch["ref_logprobs"] = np.asarray(jax.device_get(reference_logprobs(
+                reference_state, _to_mesh({"tokens": host_batch["tokens"]}, meshes["actor"])["tokens"])))
             reference_s = time.perf_counter() - t1
-            updates = []
-            for epoch in range(cfg.ppo_epochs):
-                for rows in minibatch_rows(len(host_batch["tokens"]), cfg.minibatches, config.seed, step, epoch):
-                    minibatch = _to_mesh({k: v[rows] for k, v in host_batch.items()}, meshes["actor"])
-                    params, opt_state, update = actor_step(actor.params, actor.frozen, actor.opt_state, minibatch)
-                    actor.params, actor.opt_state = params, opt_state
-                    updates.append(jax.device_get(update))
+            metrics.update(update_actor(actor, actor_step, host_batch, meshes["actor"], cfg, seed=config.seed,
+                                        step=step))
             version += 1
             engine.update_weights(rollout_model(), version)
-            metrics.update({k: float(np.mean([u[k] for u in updates])) for k in LEARNER_KEYS})
         else:  # nothing to learn from (every group filtered): no optimiser step, so Adam's momentum cannot move us
             reference_s = 0.0
             print(f"[grpo] step {step}: every group has zero reward variance; update skipped", flush=True)
@@ -165,6 +159,13 @@ def starting_policy(config: ml_collections.ConfigDict, workdir: Path):
     return setup.build_model(config.model, tokenizer.vocab_size, config.seed), tokenizer
 
 
+def starting_policy_name(config: ml_collections.ConfigDict) -> str:
+    """Which policy GRPO starts from (the pivot dataset's provenance)."""
+    if config.sft.enabled:
+        return f"sft warm start ({config.sft.steps} steps, seed {config.seed})"
+    return config.model.hf_path or f"{config.model.preset} preset, untrained (seed {config.seed})"
+
+
 def group_meshes(devices: ml_collections.ConfigDict) -> dict:
     """Meshes of the rollout and actor device groups (all 0: both on the default device). The reference model
     lives on the actor's mesh."""
@@ -192,7 +193,8 @@ def pivot_states(config: ml_collections.ConfigDict, workdir: Path, tokenizer, en
             run_episodes = runner.run
         t0 = time.perf_counter()
         counts = build_pivots(tasks, path, source=cfg.pivot_source, oracle_options=config.oracle.to_dict(),
-                              run_episodes=run_episodes, policy_version="start", kinds=tuple(cfg.pivot_kinds))
+                              run_episodes=run_episodes, kinds=tuple(cfg.pivot_kinds),
+                              policy_version=starting_policy_name(config) if cfg.pivot_source == "policy" else None)
         print(f"[grpo] pivot dataset {path}: {counts['pivots']} states ({counts['sufficient']} with sufficient "
               f"evidence) from {counts['tasks_with_pivots']}/{counts['tasks']} {cfg.pivot_source} trajectories "
               f"({time.perf_counter() - t0:.0f}s)", flush=True)
@@ -207,6 +209,10 @@ def pivot_states(config: ml_collections.ConfigDict, workdir: Path, tokenizer, en
             continue
         states.append({"record": record, "task": record["task"], "prefix": record["prefix"], "tools": task_tools,
                        "prompt_ids": ids})
+    if not records:
+        raise ValueError(f"pivot dataset {path} holds no states: no {cfg.pivot_source} trajectory reached a stop "
+                         f"decision (evidence became sufficient); start from a stronger policy, raise "
+                         f"grpo.pivot_tasks, or use grpo.pivot_source='oracle' (and delete the empty file)")
     if not states:
         raise ValueError(f"no pivot state of {path} fits: every prompt is longer than rollout.max_total_tokens - "
                          f"rollout.max_turn_tokens = {budget}; raise rollout.max_total_tokens")
@@ -341,6 +347,19 @@ def truncate_samples(path: Path, last_step: int) -> None:
         path.write_text("".join(line + "\n" for line in kept))
 
 
+def update_actor(actor: TrainState, actor_step, host_batch: dict, mesh, cfg: ml_collections.ConfigDict, *,
+                 seed: int, step: int) -> dict:
+    """`ppo_epochs` passes of `minibatches` optimiser steps over the batch (in place on `actor`); returns the
+    learner metrics averaged over the updates."""
+    updates = []
+    for epoch in range(cfg.ppo_epochs):
+        for rows in minibatch_rows(len(host_batch["tokens"]), cfg.minibatches, seed, step, epoch):
+            minibatch = _to_mesh({k: v[rows] for k, v in host_batch.items()}, mesh)
+            actor.params, actor.opt_state, update = actor_step(actor.params, actor.frozen, actor.opt_state, minibatch)
+            updates.append(jax.device_get(update))
+    return {k: float(np.mean([u[k] for u in updates])) for k in LEARNER_KEYS}
+
+
 def minibatch_rows(rows: int, minibatches: int, seed: int, step: int, epoch: int) -> list[np.ndarray]:
     """Row indices of each minibatch of one epoch: one block when `minibatches` is 1, else a seeded permutation
     split into equal parts (whole rows: the seq-mean aggregations stay exact per minibatch)."""
@@ -354,7 +373,10 @@ def _onto_mesh(tree, mesh):
     """Leaves not placed on `mesh` by name (tx.init's step counts, created uncommitted on the default device)
     replicated over it, so that the first step's inputs already have the layout every later step sees."""
     replicated = NamedSharding(mesh, PartitionSpec())
-    on_mesh = lambda x: isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh
+
+    def on_mesh(x):
+        return isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh
+
     return jax.tree.map(lambda x: x if on_mesh(x) else jax.device_put(x, replicated), tree)
 
 

@@ -11,7 +11,8 @@ from mercury_jax.train import setup
 
 
 def prepare_sft_data(config: ml_collections.ConfigDict, workdir: Path):
-    """Train tasks -> oracle chats (`config.oracle` options when present) -> tokenizer (trained on their text when SentencePiece) -> (ids, action mask)."""
+    """Train tasks -> oracle chats (with the `config.oracle` options when the config has them) -> tokenizer (trained
+    on their text when SentencePiece) -> (ids, action mask)."""
     from mercury_jax.chat import render
     from mercury_jax.rollout.messages import trajectory_from_messages
 

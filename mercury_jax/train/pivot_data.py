@@ -32,7 +32,9 @@ def build_pivots(tasks: Sequence[Mapping], path: str | Path, *, source: str, ora
 
     `source="oracle"`: `oracle_trajectory(task, **oracle_options)`. `source="policy"`: `run_episodes(tasks)` ->
     `Trajectory` list (e.g. `EpisodeRunner.run` on the starting policy); their chats are rebuilt from the sampled
-    turns and tool results (`trajectory_messages`). Only pivots whose `kind` is in `kinds` are kept.
+    turns and tool results (`trajectory_messages`). Only pivots whose `kind` is in `kinds` are kept. Provenance:
+    source, `policy_version` (which policy sampled the trajectory), the message index of the cut, the task's
+    seed, and for the oracle its options.
     """
     from mercury_jax.envs.episode import oracle_trajectory
 
@@ -55,6 +57,9 @@ def build_pivots(tasks: Sequence[Mapping], path: str | Path, *, source: str, ora
         pivots = [dict(p, task=dict(task)) for p in extract_pivots(task, messages, source=source,
                                                                      policy_version=policy_version)
                   if p["kind"] in kinds]
+        if source == "oracle":
+            for pivot in pivots:
+                pivot["provenance"]["oracle_options"] = dict(oracle_options or {})
         counts["pivots"] += write_pivots(pivots, tmp)
         counts["sufficient"] += sum(p["evidence_sufficient"] for p in pivots)
         counts["tasks_with_pivots"] += bool(pivots)
