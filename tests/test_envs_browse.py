@@ -1,10 +1,13 @@
 """Browsing world: corpus and questions, deterministic BM25 tools, evidence sufficiency, the oracle (with and
 without over-search), pivot extraction on oracle trajectories, and every stop-verifier rule."""
+import asyncio
+import hashlib
 import json
 
 import pytest
 
-from mercury_jax.envs.browse.corpus import generate_corpus, generate_questions
+from mercury_jax.chat import render, train_sentencepiece_tokenizer
+from mercury_jax.envs.browse.corpus import SHORT_NAMES, CorpusConfig, generate_corpus, generate_questions
 from mercury_jax.envs.browse.oracle import oracle_trajectory
 from mercury_jax.envs.browse.pivots import extract_pivots, write_pivots
 from mercury_jax.envs.browse.stop_verifier import STOP_RULES, verify_stop
@@ -13,7 +16,8 @@ from mercury_jax.envs.browse.oracle import OracleConfig
 from mercury_jax.envs.browse.tasks import corpus_of, extract_answer, generate_browse_tasks
 from mercury_jax.envs.browse.tools import BrowseIndex, browse_tools
 from mercury_jax.envs.enterprise.toolkit import call_sync
-from mercury_jax.envs.episode import grade_browse
+from mercury_jax.envs.episode import grade_browse, make_episode
+from mercury_jax.envs.presets import BROWSE, preset_tasks
 
 
 @pytest.fixture(scope="module")
@@ -151,3 +155,30 @@ def test_stop_verifier_rejects_unknown_tools_when_given_schemas(pivot_pair):
 def test_extract_answer():
     assert extract_answer("<think>Final answer: no</think>\nFinal answer:  Varhol ") == "Varhol"
     assert extract_answer("no answer here") is None
+
+
+def test_short_names_are_single_pieces_unique_and_leave_the_full_world_unchanged(tmp_path):
+    names = [n for pool in SHORT_NAMES.values() for n in pool]
+    assert len(set(names)) == len(names) and all(n.isalpha() and n.istitle() and len(n) <= 6 for n in names)
+    corpus = generate_corpus(0)  # the full world is byte-identical to the one before short_names existed
+    digest = hashlib.sha256(json.dumps([corpus, generate_questions(corpus, 10)]).encode()).hexdigest()[:16]
+    assert digest == "17efd641afc89565"
+    assert not BROWSE["full"].short_names and BROWSE["tiny"].short_names
+    for seed in range(20):
+        pages = generate_corpus(seed, BROWSE["tiny"])["pages"]
+        assert all(p["title"] in SHORT_NAMES[p["kind"]] for p in pages)
+        assert len({p["title"] for p in pages}) == len(pages)
+    with pytest.raises(ValueError, match="short_names"):
+        generate_corpus(0, CorpusConfig(cities=len(SHORT_NAMES["city"]) + 1, short_names=True))
+
+    async def tools(task):
+        async with make_episode(task) as episode:
+            return await episode.tools()
+
+    tasks = [t for seed in range(40) for t in preset_tasks("browse", "tiny", seed, 4)]
+    texts = [render(oracle_trajectory(t), asyncio.run(tools(t))) for t in tasks]
+    tokenizer = train_sentencepiece_tokenizer(texts, vocab_size=1024, cache_dir=tmp_path)
+    for task in tasks:  # every answer is one piece where the model must write it
+        assert len(tokenizer.encode(f"Final answer: {task['answer']}")) == len(tokenizer.encode("Final answer:")) + 1
+    assert all(grade_browse(t, oracle_trajectory(t)[-1]["content"], oracle_trajectory(t))["all_effects_pass"]
+               for t in tasks)

@@ -25,7 +25,8 @@ ENTERPRISE = {
 }
 BROWSE = {
     "full": CorpusConfig(),
-    "tiny": CorpusConfig(people=5, companies=2, cities=2, countries=1, filler_lines=(0, 0), hops=(1, 1)),
+    "tiny": CorpusConfig(people=5, companies=2, cities=2, countries=1, filler_lines=(0, 0), hops=(1, 1),
+                          short_names=True),
 }
 BROWSE_ORACLE = {  # per-preset browsing-oracle settings, stored in each task as `oracle_config`
     "full": {},

@@ -32,6 +32,12 @@ RELATIONS = {  # relation: (source kind, target kind, fact sentence, question ph
     "mayor": ("city", "person", "The mayor of {s} is {t}.", "the mayor of {s}"),
     "country": ("city", "country", "{s} lies in {t}.", "the country that {s} lies in"),
 }
+SHORT_NAMES = {  # short_names pools: one capitalised plain word each, disjoint across kinds
+    "person": ("Ada", "Bruno", "Elena", "Hugo", "Ines", "Lars", "Mei", "Nadia", "Omar", "Rosa", "Sven", "Uma"),
+    "company": ("Aster", "Birch", "Cobalt", "Delta", "Ember", "Lumen", "Raven", "Summit"),
+    "city": ("Elm", "Fern", "Moss", "Pine", "Reed", "Sage"),
+    "country": ("Amber", "Coral", "Ivory", "Jade"),
+}
 KIND_LINE = {"person": "{n} is a person.", "company": "{n} is a company.", "city": "{n} is a city.",
              "country": "{n} is a country."}
 
@@ -44,29 +50,21 @@ class CorpusConfig:
     countries: int = 4
     filler_lines: tuple[int, int] = (3, 6)
     hops: tuple[int, int] = (1, 4)
+    short_names: bool = False     # one-word names from SHORT_NAMES (tiny preset); False = invented multi-piece names
 
 
 def generate_corpus(seed: int, config: CorpusConfig = CorpusConfig()) -> dict:
     """{"pages": [{id, title, url, kind, lines}], "facts": {(source, relation): target} as a list}."""
     rng = random.Random(f"browse-corpus-{seed}")
-    names: set[str] = set()
-
-    def unique(make) -> str:
-        while True:
-            name = make()
-            if name not in names:
-                names.add(name)
-                return name
-
-    def place() -> str:
-        return "".join(rng.sample(SYLLABLES, rng.randint(2, 3))).capitalize()
-
-    entities = {"person": [unique(lambda: f"{rng.choice(FIRST)} {rng.choice(LAST)}") for _ in range(config.people)],
-                "company": [unique(lambda: f"{rng.choice(COMPANY_WORDS)} {rng.choice(SUFFIXES)}")
-                            for _ in range(config.companies)],
-                "city": [unique(place) for _ in range(config.cities)],
-                "country": [unique(lambda: place() + rng.choice(["ia", "land", "stan"]))
-                            for _ in range(config.countries)]}
+    if config.short_names:
+        sizes = {"person": config.people, "company": config.companies, "city": config.cities,
+                 "country": config.countries}
+        for kind, size in sizes.items():
+            if size > len(SHORT_NAMES[kind]):
+                raise ValueError(f"short_names has {len(SHORT_NAMES[kind])} {kind} names; {size} requested")
+        entities = {kind: rng.sample(SHORT_NAMES[kind], size) for kind, size in sizes.items()}
+    else:
+        entities = _invented_names(rng, config)
     people = list(entities["person"])
     rng.shuffle(people)
     facts: dict[tuple[str, str], str] = {}
@@ -94,6 +92,27 @@ def generate_corpus(seed: int, config: CorpusConfig = CorpusConfig()) -> dict:
         page["id"] = f"p{i:03d}"
         page["url"] = "https://wiki.local/" + page["title"].replace(" ", "_")
     return {"seed": seed, "pages": pages, "facts": [[s, r, t] for (s, r), t in facts.items()]}
+
+
+def _invented_names(rng: random.Random, config: CorpusConfig) -> dict[str, list[str]]:
+    names: set[str] = set()
+
+    def unique(make) -> str:
+        while True:
+            name = make()
+            if name not in names:
+                names.add(name)
+                return name
+
+    def place() -> str:
+        return "".join(rng.sample(SYLLABLES, rng.randint(2, 3))).capitalize()
+
+    return {"person": [unique(lambda: f"{rng.choice(FIRST)} {rng.choice(LAST)}") for _ in range(config.people)],
+            "company": [unique(lambda: f"{rng.choice(COMPANY_WORDS)} {rng.choice(SUFFIXES)}")
+                        for _ in range(config.companies)],
+            "city": [unique(place) for _ in range(config.cities)],
+            "country": [unique(lambda: place() + rng.choice(["ia", "land", "stan"]))
+                        for _ in range(config.countries)]}
 
 
 def generate_questions(corpus: dict, count: int, config: CorpusConfig = CorpusConfig(), *,
