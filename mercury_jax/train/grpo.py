@@ -28,10 +28,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
 
 from mercury_jax.envs.browse.stop_verifier import STOP_RULES, verify_stop
-from mercury_jax.parallel import make_mesh, shard_params
+from mercury_jax.parallel import shard_params
 from mercury_jax.rl.advantages import group_advantages
 from mercury_jax.rollout.engine import Engine, Request, Sample
 from mercury_jax.rollout.episode import Budgets, EpisodeRunner, SamplingParams
@@ -40,6 +39,7 @@ from mercury_jax.train.checkpoints import Checkpointer
 from mercury_jax.train.grpo_learner import frozen_reference, make_grpo_step, make_reference_logprobs
 from mercury_jax.train.metrics import MetricsLogger
 from mercury_jax.train.optim import make_optimizer
+from mercury_jax.train.placement import batch_to_mesh, group_meshes, onto_mesh, shardings_of
 from mercury_jax.train.pivot_data import build_pivots, prompt_ids, read_pivots, task_tool_schemas
 from mercury_jax.train.sao import TaskStream
 from mercury_jax.train.state import TrainState
@@ -54,15 +54,15 @@ def run_grpo(config: ml_collections.ConfigDict, workdir: Path):
     workdir = Path(workdir)
     cfg, rcfg = config.grpo, config.rollout
     model, tokenizer = starting_policy(config, workdir)
-    meshes = group_meshes(config.devices)
+    meshes = group_meshes(config.devices, ("rollout", "actor"))
     rollout_device = meshes["rollout"].devices.flat[0]
     shard_params(model, meshes["actor"])
     reference_graphdef, reference_state = frozen_reference(model, jnp.dtype(cfg.reference_dtype))
     reference_logprobs = make_reference_logprobs(reference_graphdef)
     actor = TrainState.create(model, make_optimizer(cfg.actor_optimizer))
-    actor.frozen, actor.opt_state = _onto_mesh((actor.frozen, actor.opt_state), meshes["actor"])
-    actor_step = make_grpo_step(actor.graphdef, actor.tx, cfg, state_shardings=jax.tree.map(
-        lambda x: x.sharding, (actor.params, actor.opt_state)))
+    actor.frozen, actor.opt_state = onto_mesh((actor.frozen, actor.opt_state), meshes["actor"])
+    actor_step = make_grpo_step(actor.graphdef, actor.tx, cfg,
+                                state_shardings=shardings_of((actor.params, actor.opt_state)))
 
     def rollout_model():
         """A copy of the actor's weights on the rollout device (never an alias: the actor step donates its own)."""
@@ -114,7 +114,7 @@ def run_grpo(config: ml_collections.ConfigDict, workdir: Path):
         t1 = time.perf_counter()
         if keep_G.any():
             host_batch["ref_logprobs"] = np.asarray(jax.device_get(reference_logprobs(
-                reference_state, _to_mesh({"tokens": host_batch["tokens"]}, meshes["actor"])["tokens"])))
+                reference_state, batch_to_mesh({"tokens": host_batch["tokens"]}, meshes["actor"])["tokens"])))
             reference_s = time.perf_counter() - t1
             metrics.update(update_actor(actor, actor_step, host_batch, meshes["actor"], cfg, seed=config.seed,
                                         step=step))
@@ -164,17 +164,6 @@ def starting_policy_name(config: ml_collections.ConfigDict) -> str:
     if config.sft.enabled:
         return f"sft warm start ({config.sft.steps} steps, seed {config.seed})"
     return config.model.hf_path or f"{config.model.preset} preset, untrained (seed {config.seed})"
-
-
-def group_meshes(devices: ml_collections.ConfigDict) -> dict:
-    """Meshes of the rollout and actor device groups (all 0: both on the default device). The reference model
-    lives on the actor's mesh."""
-    sizes = {"rollout": devices.rollout, "actor": devices.actor}
-    if sum(sizes.values()) == 0:
-        device = jax.devices()[0]
-        return {name: make_mesh({}, devices=[device]) for name in sizes}
-    groups = setup.device_groups(sizes)
-    return {name: make_mesh({"fsdp": len(group)}, devices=group) for name, group in groups.items()}
 
 
 def pivot_states(config: ml_collections.ConfigDict, workdir: Path, tokenizer, engine: Engine) -> list[dict]:
@@ -354,7 +343,7 @@ def update_actor(actor: TrainState, actor_step, host_batch: dict, mesh, cfg: ml_
     updates = []
     for epoch in range(cfg.ppo_epochs):
         for rows in minibatch_rows(len(host_batch["tokens"]), cfg.minibatches, seed, step, epoch):
-            minibatch = _to_mesh({k: v[rows] for k, v in host_batch.items()}, mesh)
+            minibatch = batch_to_mesh({k: v[rows] for k, v in host_batch.items()}, mesh)
             actor.params, actor.opt_state, update = actor_step(actor.params, actor.frozen, actor.opt_state, minibatch)
             updates.append(jax.device_get(update))
     return {k: float(np.mean([u[k] for u in updates])) for k in LEARNER_KEYS}
@@ -367,19 +356,3 @@ def minibatch_rows(rows: int, minibatches: int, seed: int, step: int, epoch: int
         return [np.arange(rows)]
     order = np.random.default_rng([seed, step, epoch]).permutation(rows)
     return np.split(order, minibatches)
-
-
-def _onto_mesh(tree, mesh):
-    """Leaves not placed on `mesh` by name (tx.init's step counts, created uncommitted on the default device)
-    replicated over it, so that the first step's inputs already have the layout every later step sees."""
-    replicated = NamedSharding(mesh, PartitionSpec())
-
-    def on_mesh(x):
-        return isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh
-
-    return jax.tree.map(lambda x: x if on_mesh(x) else jax.device_put(x, replicated), tree)
-
-
-def _to_mesh(batch: dict, mesh) -> dict:
-    sharding = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
-    return {k: jax.device_put(np.asarray(v), sharding) for k, v in batch.items()}

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import optax
 from flax import nnx
 
 from mercury_jax.rl.losses import LOG_RATIO_CLAMP, kl_loss, ppo_clip_loss
+from mercury_jax.train.state import make_update_step
 from models.qwen35_moe.logprobs import sequence_logprobs
 
 
@@ -56,17 +56,7 @@ def make_grpo_step(actor_graphdef, tx, cfg, *, state_shardings=None):
         metrics["logp_train_rollout_gap"] = jnp.sum(jnp.abs(logp - batch["rollout_logprobs"]) * mask) / count
         return loss, metrics
 
-    def step(params, frozen, opt_state, batch):
-        def loss_of(p):
-            return loss_fn(nnx.merge(actor_graphdef, p, frozen), batch)
-
-        (loss, metrics), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        return params, opt_state, {**metrics, "loss": loss, "grad_norm": optax.global_norm(grads)}
-
-    out_shardings = None if state_shardings is None else (*state_shardings, None)
-    return jax.jit(step, donate_argnums=(0, 2), out_shardings=out_shardings)
+    return make_update_step(actor_graphdef, tx, loss_fn, state_shardings=state_shardings)
 
 
 def make_reference_logprobs(reference_graphdef):

@@ -21,9 +21,8 @@ import jax
 import ml_collections
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
 
-from mercury_jax.parallel import make_mesh, shard_params
+from mercury_jax.parallel import shard_params
 from mercury_jax.rollout.engine import Engine
 from mercury_jax.rollout.episode import Budgets, EpisodeRunner, SamplingParams
 from mercury_jax.rollout.trajectory import Trajectory, batch_trajectories
@@ -32,6 +31,7 @@ from mercury_jax.train import setup
 from mercury_jax.train.checkpoints import Checkpointer
 from mercury_jax.train.metrics import MetricsLogger
 from mercury_jax.train.optim import make_optimizer
+from mercury_jax.train.placement import batch_to_mesh, group_meshes, onto_mesh, shardings_of
 from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step
 from mercury_jax.train.sft import epoch_order
 from mercury_jax.train.state import TrainState
@@ -74,26 +74,6 @@ def trajectory_metrics(trajectories: list[Trajectory]) -> dict:
     }
 
 
-def _group_meshes(config) -> dict:
-    sizes = {name: config.devices[name] for name in ("rollout", "actor", "critic")}  # ConfigDict sorts its keys
-    if sum(sizes.values()) == 0:
-        device = jax.devices()[0]
-        return {name: make_mesh({}, devices=[device]) for name in sizes}
-    groups = setup.device_groups(sizes)
-    return {name: make_mesh({"fsdp": len(devices)}, devices=devices) for name, devices in groups.items()}
-
-
-def _onto_mesh(tree, mesh):
-    """Leaves not yet on `mesh` (tx.init's step counts, created on the default device) replicated over it."""
-    devices, replicated = set(mesh.devices.flat), NamedSharding(mesh, PartitionSpec())
-    return jax.tree.map(lambda x: x if x.sharding.device_set == devices else jax.device_put(x, replicated), tree)
-
-
-def _to_mesh(batch: dict, mesh) -> dict:
-    sharding = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
-    return {k: jax.device_put(np.asarray(v), sharding) for k, v in batch.items()}
-
-
 def _batch_length(trajectories: list[Trajectory], limit: int) -> int:
     """Pad length: the whole budget when it is short (one compiled shape per learner function; every new shape
     costs a compile of the critic and actor steps), else the longest trajectory rounded up to 2048."""
@@ -114,7 +94,7 @@ def run_sao(config: ml_collections.ConfigDict, workdir: Path):
         tokenizer, _ = prepare_sft_data(config, workdir)
         model = setup.build_model(config.model, tokenizer.vocab_size, config.seed)
     cfg, rcfg = config.sao, config.rollout
-    meshes = _group_meshes(config)
+    meshes = group_meshes(config.devices, ("rollout", "actor", "critic"))
     rollout_device = meshes["rollout"].devices.flat[0]
 
     critic = Qwen35MoeCritic.from_policy(model)
@@ -122,10 +102,14 @@ def run_sao(config: ml_collections.ConfigDict, workdir: Path):
     shard_params(critic, meshes["critic"])
     actor = TrainState.create(model, make_optimizer(cfg.actor_optimizer))
     critic_state = TrainState.create(critic, make_optimizer(cfg.critic_optimizer), critic_trainable)
-    actor.opt_state = _onto_mesh(actor.opt_state, meshes["actor"])  # before a restore commits them to device 0
-    critic_state.opt_state = _onto_mesh(critic_state.opt_state, meshes["critic"])
-    actor_step = make_actor_step(actor.graphdef, actor.tx, cfg)
-    critic_step = make_critic_step(critic_state.graphdef, critic_state.tx, cfg)
+    # before a restore commits them to device 0
+    actor.frozen, actor.opt_state = onto_mesh((actor.frozen, actor.opt_state), meshes["actor"])
+    critic_state.frozen, critic_state.opt_state = onto_mesh((critic_state.frozen, critic_state.opt_state),
+                                                            meshes["critic"])
+    actor_step = make_actor_step(actor.graphdef, actor.tx, cfg,
+                                 state_shardings=shardings_of((actor.params, actor.opt_state)))
+    critic_step = make_critic_step(critic_state.graphdef, critic_state.tx, cfg,
+                                   state_shardings=shardings_of((critic_state.params, critic_state.opt_state)))
     advantage_fn = make_advantage_fn(critic_state.graphdef, cfg)
 
     train_tasks = setup.world_tasks(config.world, "train")
@@ -220,7 +204,7 @@ def run_sao(config: ml_collections.ConfigDict, workdir: Path):
         host_batch = batch_trajectories(trajectories, length, pad_id=tokenizer.pad_id)
         del host_batch["lengths"]
 
-        critic_batch = _to_mesh(host_batch, meshes["critic"])
+        critic_batch = batch_to_mesh(host_batch, meshes["critic"])
         adv, returns, values, adv_stats = advantage_fn(critic_state.params, critic_state.frozen, critic_batch)
         critic_batch.update(returns=returns, old_values=values)
         for _ in range(cfg.critic_epochs):
@@ -231,7 +215,7 @@ def run_sao(config: ml_collections.ConfigDict, workdir: Path):
                    "value_loss": float(critic_metrics["value_loss"]), "critic_grad_norm":
                    float(critic_metrics["grad_norm"])}
         if step > cfg.critic_only_steps:
-            actor_batch = _to_mesh({**host_batch, "advantages": np.asarray(adv)}, meshes["actor"])
+            actor_batch = batch_to_mesh({**host_batch, "advantages": np.asarray(adv)}, meshes["actor"])
             params, opt_state, actor_metrics = actor_step(actor.params, actor.frozen, actor.opt_state, actor_batch)
             actor.params, actor.opt_state = params, opt_state
             version += 1

@@ -50,17 +50,17 @@ def make_advantage_fn(critic_graphdef, cfg):
     return advantages
 
 
-def make_critic_step(critic_graphdef, tx, cfg):
+def make_critic_step(critic_graphdef, tx, cfg, *, state_shardings=None):
     def loss_fn(critic, batch):
         values = aligned_values(critic, batch["tokens"])
         loss, aux = value_loss(values, batch["returns"], batch["action_mask"],
                                old_values=batch["old_values"] if cfg.value_clip else None,
                                value_clip=cfg.value_clip or None, loss_agg=cfg.loss_agg)
         return loss, {"value_loss": loss}
-    return make_update_step(critic_graphdef, tx, loss_fn)
+    return make_update_step(critic_graphdef, tx, loss_fn, state_shardings=state_shardings)
 
 
-def make_actor_step(actor_graphdef, tx, cfg):
+def make_actor_step(actor_graphdef, tx, cfg, *, state_shardings=None):
     def loss_fn(actor, batch):
         logp = sequence_logprobs(actor, batch["tokens"])
         mask = batch["action_mask"]
@@ -70,4 +70,4 @@ def make_actor_step(actor_graphdef, tx, cfg):
         gap = jnp.sum(jnp.abs(logp - batch["rollout_logprobs"]) * mask) / count
         return loss, {"policy_loss": loss, "dis_masked_fraction": aux["masked_fraction"],
                       "mean_ratio": aux["mean_ratio"], "logp_train_rollout_gap": gap}
-    return make_update_step(actor_graphdef, tx, loss_fn)
+    return make_update_step(actor_graphdef, tx, loss_fn, state_shardings=state_shardings)

@@ -40,9 +40,11 @@ class TrainState:
                                    opt_state=arrays["opt_state"])
 
 
-def make_update_step(graphdef, tx: optax.GradientTransformation, loss_fn: Callable, *, donate: bool = True):
+def make_update_step(graphdef, tx: optax.GradientTransformation, loss_fn: Callable, *, donate: bool = True,
+                     state_shardings=None):
     """jit(params, frozen, opt_state, batch) -> (params, opt_state, metrics) for `loss_fn(model, batch) -> (loss,
-    metrics)`; metrics gain `loss` and `grad_norm`."""
+    metrics)`; metrics gain `loss` and `grad_norm`. `state_shardings` ((params, opt_state) shardings) pins the
+    outputs to that layout, so the next step sees the same input layout and does not compile again."""
     def step(params, frozen, opt_state, batch):
         def wrapped(p):
             return loss_fn(nnx.merge(graphdef, p, frozen), batch)
@@ -52,4 +54,5 @@ def make_update_step(graphdef, tx: optax.GradientTransformation, loss_fn: Callab
         params = optax.apply_updates(params, updates)
         return params, opt_state, {**metrics, "loss": loss, "grad_norm": optax.global_norm(grads)}
 
-    return jax.jit(step, donate_argnums=(0, 2) if donate else ())
+    out_shardings = None if state_shardings is None else (*state_shardings, None)
+    return jax.jit(step, donate_argnums=(0, 2) if donate else (), out_shardings=out_shardings)

@@ -1,0 +1,47 @@
+"""Where the trainers' arrays live: one mesh per device group, and batches / optimiser leaves placed on it.
+
+Every input of a jitted learner step must have the same layout at every step, or the step compiles again: the
+optimiser's step counts start uncommitted on the default device, so `onto_mesh` replicates them over the group's
+mesh before the first step, and `make_update_step(..., state_shardings=shardings_of(...))` pins the step's
+outputs to its inputs' layout (XLA may otherwise name an equal layout differently, P() for P(None, None)).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from mercury_jax.parallel import make_mesh
+from mercury_jax.train import setup
+
+
+def group_meshes(devices: Mapping[str, int], names: Iterable[str]) -> dict:
+    """A mesh per named device group (`fsdp` over the group's devices); all sizes 0: every group on device 0."""
+    sizes = {name: devices[name] for name in names}
+    if sum(sizes.values()) == 0:
+        device = jax.devices()[0]
+        return {name: make_mesh({}, devices=[device]) for name in sizes}
+    groups = setup.device_groups(sizes)
+    return {name: make_mesh({"fsdp": len(group)}, devices=group) for name, group in groups.items()}
+
+
+def onto_mesh(tree, mesh):
+    """Leaves not placed on `mesh` by name (tx.init's step counts) replicated over it; the rest untouched."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def on_mesh(x):
+        return isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh
+
+    return jax.tree.map(lambda x: x if on_mesh(x) else jax.device_put(x, replicated), tree)
+
+
+def batch_to_mesh(batch: Mapping, mesh) -> dict:
+    """Host arrays [B, ...] onto `mesh`, rows split over (data, fsdp)."""
+    sharding = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+    return {k: jax.device_put(np.asarray(v), sharding) for k, v in batch.items()}
+
+
+def shardings_of(tree):
+    return jax.tree.map(lambda x: x.sharding, tree)
