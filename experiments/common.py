@@ -48,7 +48,7 @@ def world_config(tiny: bool, name: str = "enterprise") -> ml_collections.ConfigD
     c.train_seed = 0
     c.eval_seed = 10_000         # held-out tasks come from a disjoint seed range
     c.num_train_tasks = 1024 if tiny else 38_670
-    c.num_eval_tasks = 32 if tiny else 512
+    c.num_eval_tasks = 64 if tiny else 512
     c.tasks_per_world = 10
     return c
 
