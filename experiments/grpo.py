@@ -35,7 +35,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.sft.enabled = tiny          # the released run starts from an HF checkpoint of the SFT policy
     if tiny:
         c.sft.steps, c.sft.batch_rows, c.sft.row_length = 80, 4, 1024  # ~7 trajectories a step, ~1 epoch
-    c.checkpoint = common.checkpoint_config(every=1, keep=1000)  # every step: the sweep evaluates all of them
+    c.sft.checkpoint = common.checkpoint_config(every=50 if tiny else 500)  # the warm start's own cadence
+    c.checkpoint = common.checkpoint_config(every=1, keep=1000)  # every GRPO step: the sweep evaluates all of them
 
     g = ml_collections.ConfigDict()
     g.steps = 10 if tiny else 32

@@ -8,9 +8,28 @@ if "xla_force_host_platform_device_count" not in _flags:
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import jax  # noqa: E402  (must come after the environment is set)
+import pytest  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
 def pytest_report_header(config):
     return f"jax {jax.__version__}, devices: {jax.device_count()} x {jax.devices()[0].platform}"
+
+
+@pytest.fixture(scope="module")
+def persistent_compilation_cache(tmp_path_factory):
+    """A resumed run compiles the same programs as the uninterrupted one: with a persistent cache, each compiles once."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+            "jax_persistent_cache_min_entry_size_bytes")
+    saved = {key: jax.config.values[key] for key in keys}
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    compilation_cache.reset_cache()
+    yield
+    for key, value in saved.items():
+        jax.config.update(key, value)
+    compilation_cache.reset_cache()

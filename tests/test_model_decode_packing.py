@@ -5,7 +5,6 @@ the chunked form, attention over a zero-padded cache).
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -294,11 +294,11 @@ def chatty_model(tokenizer):
     """Random tiny model whose LM head only has weight on a few chat tokens and text pieces, scaled up: with
     top_k=4 every sampled token is one of them, so turns stop (<|im_end|>) and open tool calls (<tool_call>)."""
     model = Qwen35MoeForCausalLM(C.tiny(vocab_size=tokenizer.vocab_size), rngs=nnx.Rngs(0))
-    keep = [tokenizer.token_id(t) for t in CHAT_TOKENS] + tokenizer.encode(" the ticket is open")
+    keep = [tokenizer.token_id(t) for t in CHAT_TOKENS] + tokenizer.encode(" ticket")
     head = np.asarray(model.lm_head[...])
     mask = np.zeros(head.shape[-1], bool)
     mask[keep] = True
-    model.lm_head[...] = np.where(mask, head * 10.0, 0.0).astype(head.dtype)
+    model.lm_head[...] = np.where(mask, head * 20.0, 0.0).astype(head.dtype)
     return model
 
 

@@ -179,24 +179,6 @@ def synthetic_score(state, sample, tokenizer, rules):
     return {**verdict, "reward": (sum(sample.tokens) % 7) / 6.0}
 
 
-@pytest.fixture(scope="module")
-def persistent_compilation_cache(tmp_path_factory):
-    """The resumed run compiles the same programs as the first one: compile each once."""
-    from jax.experimental.compilation_cache import compilation_cache
-
-    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-            "jax_persistent_cache_min_entry_size_bytes")
-    saved = {key: jax.config.values[key] for key in keys}
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    compilation_cache.reset_cache()
-    yield
-    for key, value in saved.items():
-        jax.config.update(key, value)
-    compilation_cache.reset_cache()
-
-
 def run(config, workdir):
     """run_grpo with synthetic rewards; also returns host copies of the reference weights when it was built."""
     built = {}

@@ -31,6 +31,8 @@ from mercury_jax.rollout.episode import EpisodeRunner
 from mercury_jax.train import sao as sao_module
 from mercury_jax.train.validate import ConfigError, validate_config
 
+pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")  # tests/conftest.py
+
 REPO = Path(__file__).resolve().parents[1]
 TOTAL_STEPS, KILLED_AT, CRITIC_ONLY = 3, 2, 1
 TIMING_KEYS = ("tokens_per_s", "rollout_s", "learner_s", "step_time_s")
@@ -81,24 +83,6 @@ def run(config, workdir: Path):
         save_run_config(config, workdir)
         actor, critic, history = sao_module.run_sao(config, workdir)
     return actor, critic, history, RecordingEngine.last.published
-
-
-@pytest.fixture(scope="module", autouse=True)
-def persistent_compilation_cache(tmp_path_factory):
-    """The resumed run compiles the same programs as the uninterrupted one: compile each once (saves ~1 minute)."""
-    from jax.experimental.compilation_cache import compilation_cache
-
-    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-            "jax_persistent_cache_min_entry_size_bytes")
-    saved = {key: jax.config.values[key] for key in keys}
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    compilation_cache.reset_cache()
-    yield
-    for key, value in saved.items():
-        jax.config.update(key, value)
-    compilation_cache.reset_cache()
 
 
 @pytest.fixture(scope="module")

@@ -176,7 +176,7 @@ class EpisodeRunner:
                     traj["action_mask"] += [1] * n
                     traj["rollout_logprobs"] += [float(x) for x in sample.logprobs]
                     traj["policy_versions"] += [int(v) for v in sample.policy_versions]
-                    text, unknown = _decode(tok, sample.tokens)
+                    text, unknown = decode_known(tok, sample.tokens)
                     if unknown:
                         format_errors.append(f"turn {turn}: sampled ids outside the tokenizer's vocabulary: {unknown}")
                     texts.append(text)
@@ -305,7 +305,7 @@ class EpisodeRunner:
         return self._slots
 
 
-def _decode(tokenizer: Tokenizer, ids: list[int]) -> tuple[str, list[int]]:
+def decode_known(tokenizer: Tokenizer, ids: list[int]) -> tuple[str, list[int]]:
     """Text of sampled `ids`, and the ids the tokenizer cannot decode (the model's embedding is padded past the
     vocabulary: 248320 rows for 248077 Qwen3.5 tokens), which are dropped from the text rather than crash."""
     try:

@@ -33,7 +33,7 @@ from mercury_jax.envs.browse.stop_verifier import STOP_RULES, verify_stop
 from mercury_jax.parallel import shard_params
 from mercury_jax.rl.advantages import group_advantages
 from mercury_jax.rollout.engine import Engine, Request, Sample
-from mercury_jax.rollout.episode import Budgets, EpisodeRunner, SamplingParams
+from mercury_jax.rollout.episode import Budgets, EpisodeRunner, SamplingParams, decode_known
 from mercury_jax.train import setup
 from mercury_jax.train.checkpoints import Checkpointer
 from mercury_jax.train.grpo_learner import frozen_reference, make_grpo_step, make_reference_logprobs
@@ -249,22 +249,6 @@ def score_continuation(state: dict, sample: Sample, tokenizer, rules: dict) -> d
     if cut_off or unknown:
         verdict = {**verdict, "outcome": "malformed", "reward": rules["malformed"]}
     return {**verdict, "cut_off": cut_off}
-
-
-def decode_known(tokenizer, ids: list[int]) -> tuple[str, list[int]]:
-    """Text of `ids`, and the ids the tokenizer cannot decode (the model's embedding is padded past the vocabulary),
-    which are left out of the text."""
-    try:
-        return tokenizer.decode(ids), []
-    except Exception:  # noqa: BLE001 (find the offending ids one by one)
-        known, unknown = [], []
-        for token in ids:
-            try:
-                tokenizer.decode([token])
-                known.append(token)
-            except Exception:  # noqa: BLE001
-                unknown.append(token)
-        return tokenizer.decode(known), unknown
 
 
 def continuation_batch(states: list[dict], samples: list[list[Sample]], advantages_GxK: np.ndarray,
