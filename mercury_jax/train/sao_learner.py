@@ -43,7 +43,9 @@ def make_advantage_fn(critic_graphdef, cfg):
         count = jnp.maximum(jnp.sum(mask), 1.0)
         var_returns = jnp.sum(jnp.square(returns - jnp.sum(returns) / count) * mask) / count
         var_residual = jnp.sum(jnp.square(residual - jnp.sum(residual) / count) * mask) / count
-        stats = {"explained_variance": 1.0 - var_residual / jnp.maximum(var_returns, 1e-8),
+        # undefined when every return is equal (e.g. a batch of zero rewards): reported as 0, not -1e4
+        explained = jnp.where(var_returns > 1e-8, 1.0 - var_residual / jnp.maximum(var_returns, 1e-8), 0.0)
+        stats = {"explained_variance": explained,
                  "advantage_mean": jnp.sum(adv) / count, "value_mean": jnp.sum(values) / count,
                  "lambda_mean": jnp.mean(lam)}
         return adv, returns, values, stats
