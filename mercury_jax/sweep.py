@@ -195,15 +195,13 @@ def _policy_on_device(workdir: Path, step: int):
 def _make_runner(model, config, seed: int, version: int, workdir: Path):
     from mercury_jax.export import run_tokenizer
     from mercury_jax.rollout.engine import Engine
-    from mercury_jax.rollout.episode import Budgets, EpisodeRunner, SamplingParams
+    from mercury_jax.rollout.episode import EpisodeRunner
+    from mercury_jax.train.setup import rollout_budgets, rollout_sampling
 
     rollout = config.rollout
     engine = Engine(model, num_slots=rollout.num_slots, max_length=rollout.max_total_tokens, policy_version=version)
     runner = EpisodeRunner(engine, run_tokenizer(config, workdir),
-                           budgets=Budgets(max_tool_turns=rollout.max_tool_turns,
-                                           max_total_tokens=rollout.max_total_tokens,
-                                           max_turn_tokens=rollout.max_turn_tokens),
-                           sampling=SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, seed=seed))
+                           budgets=rollout_budgets(rollout), sampling=rollout_sampling(rollout, seed))
     return runner, engine
 
 

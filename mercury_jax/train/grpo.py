@@ -27,19 +27,18 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from flax import nnx
 
 from mercury_jax.envs.browse.stop_verifier import STOP_RULES, verify_stop
 from mercury_jax.parallel import shard_params
 from mercury_jax.rl.advantages import group_advantages
 from mercury_jax.rollout.engine import Engine, Request, Sample
-from mercury_jax.rollout.episode import Budgets, EpisodeRunner, SamplingParams, decode_known
+from mercury_jax.rollout.episode import EpisodeRunner, decode_known
 from mercury_jax.train import setup
 from mercury_jax.train.checkpoints import Checkpointer
 from mercury_jax.train.grpo_learner import frozen_reference, make_grpo_step, make_reference_logprobs
 from mercury_jax.train.metrics import MetricsLogger
 from mercury_jax.train.optim import make_optimizer
-from mercury_jax.train.placement import batch_to_mesh, group_meshes, onto_mesh, shardings_of
+from mercury_jax.train.placement import batch_to_mesh, device_copy, group_meshes, onto_mesh, shardings_of
 from mercury_jax.train.pivot_data import build_pivots, prompt_ids, read_pivots, task_tool_schemas
 from mercury_jax.train.sao import TaskStream
 from mercury_jax.train.state import TrainState
@@ -65,9 +64,8 @@ def run_grpo(config: ml_collections.ConfigDict, workdir: Path):
                                 state_shardings=shardings_of((actor.params, actor.opt_state)))
 
     def rollout_model():
-        """A copy of the actor's weights on the rollout device (never an alias: the actor step donates its own)."""
-        graphdef, state = nnx.split(actor.model())
-        return nnx.merge(graphdef, jax.device_put(state, rollout_device, may_alias=False))
+        """A copy of the actor's weights on the rollout device."""
+        return device_copy(actor.model(), rollout_device)
 
     engine = Engine(rollout_model(), num_slots=rcfg.num_slots, max_length=rcfg.max_total_tokens, policy_version=0)
     states = pivot_states(config, workdir, tokenizer, engine)
@@ -175,10 +173,8 @@ def pivot_states(config: ml_collections.ConfigDict, workdir: Path, tokenizer, en
         tasks = setup.world_tasks(pivot_world(config), "train")
         run_episodes = None
         if cfg.pivot_source == "policy":
-            runner = EpisodeRunner(engine, tokenizer, budgets=Budgets(
-                max_tool_turns=rcfg.max_tool_turns, max_total_tokens=rcfg.max_total_tokens,
-                max_turn_tokens=rcfg.max_turn_tokens), sampling=SamplingParams(
-                temperature=rcfg.temperature, top_p=rcfg.top_p, seed=config.seed + 2_000_003))
+            runner = EpisodeRunner(engine, tokenizer, budgets=setup.rollout_budgets(rcfg),
+                                   sampling=setup.rollout_sampling(rcfg, config.seed + 2_000_003))
             run_episodes = runner.run
         t0 = time.perf_counter()
         counts = build_pivots(tasks, path, source=cfg.pivot_source, oracle_options=config.oracle.to_dict(),

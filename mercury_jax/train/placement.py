@@ -45,3 +45,11 @@ def batch_to_mesh(batch: Mapping, mesh) -> dict:
 
 def shardings_of(tree):
     return jax.tree.map(lambda x: x.sharding, tree)
+
+
+def device_copy(model, device):
+    """A copy of `model` on `device` that never aliases its buffers (learner steps donate theirs)."""
+    from flax import nnx
+
+    graphdef, state = nnx.split(model)
+    return nnx.merge(graphdef, jax.device_put(state, device, may_alias=False))

@@ -24,14 +24,14 @@ from flax import nnx
 
 from mercury_jax.parallel import shard_params
 from mercury_jax.rollout.engine import Engine
-from mercury_jax.rollout.episode import Budgets, EpisodeRunner, SamplingParams
+from mercury_jax.rollout.episode import EpisodeRunner
 from mercury_jax.rollout.trajectory import Trajectory, batch_trajectories
 from mercury_jax.rollout.worker import RolloutWorker
 from mercury_jax.train import setup
 from mercury_jax.train.checkpoints import Checkpointer
 from mercury_jax.train.metrics import MetricsLogger
 from mercury_jax.train.optim import make_optimizer
-from mercury_jax.train.placement import batch_to_mesh, group_meshes, onto_mesh, shardings_of
+from mercury_jax.train.placement import batch_to_mesh, device_copy, group_meshes, onto_mesh, shardings_of
 from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step
 from mercury_jax.train.sft import epoch_order
 from mercury_jax.train.state import TrainState
@@ -126,20 +126,15 @@ def run_sao(config: ml_collections.ConfigDict, workdir: Path):
     stream = TaskStream(train_tasks, config.seed, consumed)
 
     def rollout_model():
-        """A copy of the actor's weights on the rollout device (never an alias: the actor step donates its own)."""
-        graphdef, state = nnx.split(actor.model())
-        return nnx.merge(graphdef, jax.device_put(state, rollout_device, may_alias=False))
+        """A copy of the actor's weights on the rollout device."""
+        return device_copy(actor.model(), rollout_device)
 
     engine = Engine(rollout_model(), num_slots=rcfg.num_slots, max_length=rcfg.max_total_tokens,
                     policy_version=version)
-    budgets = Budgets(max_tool_turns=rcfg.max_tool_turns, max_total_tokens=rcfg.max_total_tokens,
-                      max_turn_tokens=rcfg.max_turn_tokens)
-    train_runner = EpisodeRunner(engine, tokenizer, budgets=budgets,
-                                 sampling=SamplingParams(temperature=rcfg.temperature, top_p=rcfg.top_p,
-                                                         seed=config.seed))
+    budgets = setup.rollout_budgets(rcfg)
+    train_runner = EpisodeRunner(engine, tokenizer, budgets=budgets, sampling=setup.rollout_sampling(rcfg, config.seed))
     eval_runner = EpisodeRunner(engine, tokenizer, budgets=budgets,
-                                sampling=SamplingParams(temperature=rcfg.temperature, top_p=rcfg.top_p,
-                                                        seed=config.seed + 1_000_003))
+                                sampling=setup.rollout_sampling(rcfg, config.seed + 1_000_003))
 
     def evaluate(label: str) -> dict:
         if engine.policy_version != version:  # async mode: the worker holds the live weights
@@ -159,8 +154,7 @@ def run_sao(config: ml_collections.ConfigDict, workdir: Path):
                 yield stream.take(1)[0]
         worker = RolloutWorker(rollout_model(), tokenizer, task_iterator(), num_slots=rcfg.num_slots,
                                max_length=rcfg.max_total_tokens, budgets=budgets,
-                               sampling=SamplingParams(temperature=rcfg.temperature, top_p=rcfg.top_p,
-                                                       seed=config.seed),
+                               sampling=setup.rollout_sampling(rcfg, config.seed),
                                devices=list(meshes["rollout"].devices.flat), policy_version=version,
                                queue_size=cfg.batch_prompts,  # bounds how far rollouts run ahead of the learner
                                first_episode_id=stream.consumed, copy_model=False)

@@ -94,3 +94,18 @@ def device_groups(sizes: dict[str, int]) -> dict[str, list]:
         groups[name] = devices[start:start + size]
         start += size
     return groups
+
+
+def rollout_budgets(rollout: ml_collections.ConfigDict):
+    """The episode budgets of a config's `rollout` section."""
+    from mercury_jax.rollout.episode import Budgets
+
+    return Budgets(max_tool_turns=rollout.max_tool_turns, max_total_tokens=rollout.max_total_tokens,
+                   max_turn_tokens=rollout.max_turn_tokens)
+
+
+def rollout_sampling(rollout: ml_collections.ConfigDict, seed: int):
+    """The sampling parameters of a config's `rollout` section with the stream's `seed`."""
+    from mercury_jax.rollout.episode import SamplingParams
+
+    return SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, seed=seed)
