@@ -34,7 +34,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.sft = sft_config(tiny)
     c.sft.enabled = tiny          # the released run starts from an HF checkpoint of the SFT policy
     if tiny:
-        c.sft.steps, c.sft.batch_rows, c.sft.row_length = 80, 4, 1024  # ~7 trajectories a step, ~1 epoch
+        c.sft.steps, c.sft.batch_rows, c.sft.row_length = 160, 4, 1024  # ~19 trajectories a step, ~3 epochs
     c.sft.checkpoint = common.checkpoint_config(every=50 if tiny else 500)  # the warm start's own cadence
     c.checkpoint = common.checkpoint_config(every=1, keep=1000)  # every GRPO step: the sweep evaluates all of them
 
@@ -68,7 +68,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     r.temperature = 1.0
     r.top_p = 1.0
     r.max_turn_tokens = 48 if tiny else 8192      # one continuation = one assistant turn
-    r.max_total_tokens = 1024 if tiny else 24576  # prompt + continuation (and policy episodes for the dataset)
+    r.max_total_tokens = 512 if tiny else 24576   # prompt + continuation (and policy episodes for the dataset)
     r.max_tool_turns = 4 if tiny else 20          # policy episodes that build the pivot dataset
     c.rollout = r
 

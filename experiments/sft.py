@@ -15,7 +15,7 @@ def sft_config(tiny: bool) -> ml_collections.ConfigDict:
     c.steps = 200 if tiny else 2000
     c.batch_rows = 8 if tiny else 64
     c.row_length = 800 if tiny else 32768
-    c.optimizer = ml_collections.ConfigDict(dict(lr=3e-3 if tiny else 1e-5, warmup_steps=20 if tiny else 50,
+    c.optimizer = ml_collections.ConfigDict(dict(lr=1e-3 if tiny else 1e-5, warmup_steps=20 if tiny else 50,
                                                  b1=0.9, b2=0.98, eps=1e-8, weight_decay=0.0, grad_clip=1.0))
     c.log_every = 10
     return c

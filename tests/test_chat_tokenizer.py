@@ -131,3 +131,28 @@ def test_sentencepiece_rejects_a_vocabulary_too_small_for_its_specials(tmp_path)
         train_sentencepiece_tokenizer(CORPUS, vocab_size=200, cache_dir=tmp_path)
     with pytest.raises(ValueError, match="non-empty"):
         train_sentencepiece_tokenizer([], vocab_size=700, cache_dir=tmp_path)
+
+
+ATOMIC = r"ACME-\d+|Please update ticket"
+
+
+def test_sentencepiece_atomic_pattern_makes_each_match_one_piece(tmp_path):
+    atomic = train_sentencepiece_tokenizer(CORPUS, vocab_size=700, cache_dir=tmp_path, atomic_pattern=ATOMIC)
+    plain = train_sentencepiece_tokenizer(CORPUS, vocab_size=700, cache_dir=tmp_path)
+    assert atomic.model_file != plain.model_file
+    text = "<|im_start|>user\nPlease update ticket 7 for account ACME-3, not ACME-30.<|im_end|>"
+    ids = atomic.encode(text)
+    assert atomic.decode(ids) == text
+    pieces = [atomic._processor.id_to_piece(i) for i in ids]
+    assert "Please\u2581update\u2581ticket" in pieces and "ACME-3" in pieces  # spaces kept inside one piece
+    first_atomic = len(SPECIAL_TOKENS) + 1  # after <unk> and the specials, sorted
+    assert atomic.encode("ACME-0") == [first_atomic]
+    assert len(plain.encode("Please update ticket")) > 1 and len(plain.encode("ACME-3")) > 1
+    assert atomic.decode(atomic.encode("Please update the ticket")) == "Please update the ticket"  # no match
+
+
+def test_sentencepiece_atomic_pattern_needs_room_in_the_vocabulary(tmp_path):
+    with pytest.raises(ValueError, match="atomic_pattern"):
+        train_sentencepiece_tokenizer(CORPUS, vocab_size=300, cache_dir=tmp_path, atomic_pattern=r"\w+")
+    with pytest.raises(ValueError, match="empty string"):
+        train_sentencepiece_tokenizer(CORPUS, vocab_size=700, cache_dir=tmp_path, atomic_pattern=r"x*")

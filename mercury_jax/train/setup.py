@@ -60,7 +60,8 @@ def build_tokenizer(cfg: ml_collections.ConfigDict, workdir: str | Path, corpus_
         return qwen35_tokenizer()
     if cfg.kind == "sentencepiece":
         return train_sentencepiece_tokenizer(corpus_texts, vocab_size=cfg.vocab_size,
-                                             cache_dir=Path(workdir) / "tokenizer")
+                                             cache_dir=Path(workdir) / "tokenizer",
+                                             atomic_pattern=cfg.get("atomic_pattern", ""))
     raise ValueError(f"tokenizer.kind {cfg.kind!r} is not 'qwen35' or 'sentencepiece'")
 
 
