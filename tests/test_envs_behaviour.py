@@ -57,5 +57,14 @@ def test_factors_multiply_and_never_raise_reward():
     assert multiplier == pytest.approx(parts["repetition"] * parts["post_answer_runaway"] * parts["degenerate_truncation"])
     assert 0.0 <= multiplier < 1.0
     off = BehaviourConfig(repetition_strength=0, runaway_strength=0, truncation_strength=0,
-                          truncation_in_think_strength=0)
+                          truncation_in_think_strength=0, turn_budget_strength=0)
     assert behaviour_multiplier(texts, finish_reason="length", config=off)[0] == 1.0
+
+
+@pytest.mark.parametrize("finish, factor", [("turn_budget", 0.5), ("answered", 1.0), ("stop", 1.0)])
+def test_running_out_of_tool_turns_is_penalised(finish, factor):
+    multiplier, parts = behaviour_multiplier([CALL, CALL], finish_reason=finish)
+    assert parts["turn_budget"] == factor and multiplier == pytest.approx(factor)
+    assert not parts["truncated"]  # a separate factor from the mid-turn token-budget cut
+    off = BehaviourConfig(turn_budget_strength=0)
+    assert behaviour_multiplier([CALL, CALL], finish_reason=finish, config=off)[0] == 1.0

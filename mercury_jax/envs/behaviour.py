@@ -1,6 +1,7 @@
 """Behaviour multiplier (ENVIRONMENTS.md section 2): scales a positive reward down, never up.
 
-    reward = effects_fraction * multiplier,   multiplier = repetition * post_answer_runaway * degenerate_truncation
+    reward = effects_fraction * multiplier,
+    multiplier = repetition * post_answer_runaway * degenerate_truncation * turn_budget
 
 Each factor lies in [0, 1], is reported separately in `parts`, and has its own strength in `BehaviourConfig`:
 - **repetition**: `rate = 1 - unique/total` over the word n-grams (`ngram`, default 4) of all assistant text
@@ -13,6 +14,9 @@ Each factor lies in [0, 1], is reported separately in `parts`, and has its own s
 - **degenerate_truncation**: `finish_reason` is a budget stop ("length", "max_tokens", "truncated"):
   `factor = 1 - truncation_strength`, or `1 - truncation_in_think_strength` when the last turn never closed
   `<think>` (such a turn has no action at all).
+- **turn_budget**: `finish_reason` is "turn_budget" (the tool-turn budget ran out before a final answer):
+  `factor = 1 - turn_budget_strength`. Beyond ENVIRONMENTS.md's list: without it, calls after the task is done
+  are free under a state-only grade, and the tiny SAO demo learned to call tools until the budget cut it off.
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ class BehaviourConfig:
     runaway_chars: int = 200
     truncation_strength: float = 0.5
     truncation_in_think_strength: float = 1.0
+    turn_budget_strength: float = 0.5
 
 
 def behaviour_multiplier(assistant_texts: Sequence[str], *, finish_reason: str, answered_turn: int | None = None,
@@ -64,10 +69,13 @@ def behaviour_multiplier(assistant_texts: Sequence[str], *, finish_reason: str, 
     strength = config.truncation_in_think_strength if in_think else config.truncation_strength
     truncation = 1 - strength if truncated else 1.0
 
+    turn_budget = 1 - config.turn_budget_strength if finish_reason == "turn_budget" else 1.0
+
     parts = {"repetition": repetition, "repetition_rate": rate, "post_answer_runaway": runaway,
              "runaway_turns": turns_after, "runaway_calls": calls_after, "runaway_chars": trailing_chars,
-             "degenerate_truncation": truncation, "truncated": truncated, "truncated_in_think": in_think}
-    return repetition * runaway * truncation, parts
+             "degenerate_truncation": truncation, "truncated": truncated, "truncated_in_think": in_think,
+             "turn_budget": turn_budget}
+    return repetition * runaway * truncation * turn_budget, parts
 
 
 def repetition_rate(texts: Sequence[str], n: int = 4, min_ngrams: int = 8) -> float:
