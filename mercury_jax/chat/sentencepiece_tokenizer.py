@@ -96,18 +96,16 @@ def train_sentencepiece_tokenizer(texts: Iterable[str], *, vocab_size: int = 102
     corpus = sorted(set(t for t in texts if t))
     if not corpus:
         raise ValueError("train_sentencepiece_tokenizer needs a non-empty corpus")
-    minimum = 1 + len(SPECIAL_TOKENS) + 256 + 2
-    if vocab_size < minimum:
-        raise ValueError(f"vocab_size {vocab_size} is too small: the 33 specials, <unk> and 256 byte pieces "
-                         f"take {minimum - 2}; use at least {minimum}")
     atomic = sorted({m for t in corpus for m in re.findall(atomic_pattern, t)}) if atomic_pattern else []
     if any(not m or m in SPECIAL_TOKENS for m in atomic):
         raise ValueError(f"atomic_pattern {atomic_pattern!r} matches an empty string or a special token")
-    minimum += len(atomic)
+    minimum = 1 + len(SPECIAL_TOKENS) + 256 + len(atomic) + 2
     if vocab_size < minimum:
-        raise ValueError(f"vocab_size {vocab_size} cannot hold the {len(atomic)} strings atomic_pattern "
-                         f"{atomic_pattern!r} matches; use at least {minimum}")
-    options = dict(_TRAINER_OPTIONS, vocab_size=vocab_size, user_defined_symbols=list(SPECIAL_TOKENS) + [a.replace(" ", "\u2581") for a in atomic])
+        atomic_part = f", the {len(atomic)} strings atomic_pattern {atomic_pattern!r} matches" if atomic else ""
+        raise ValueError(f"vocab_size {vocab_size} is too small: the 33 specials, <unk>, 256 byte pieces{atomic_part} "
+                         f"take {minimum - 2}; use at least {minimum}")
+    symbols = list(SPECIAL_TOKENS) + [a.replace(" ", "\u2581") for a in atomic]
+    options = dict(_TRAINER_OPTIONS, vocab_size=vocab_size, user_defined_symbols=symbols)
     digest = hashlib.sha256(json.dumps([_FORMAT_VERSION, _SEED, spm.__version__, options, corpus],
                                        ensure_ascii=False).encode()).hexdigest()[:20]
     cache_dir = Path(cache_dir)
