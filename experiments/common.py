@@ -57,5 +57,14 @@ def world_config(tiny: bool, name: str = "enterprise") -> ml_collections.ConfigD
     return c
 
 
+def behaviour_config() -> ml_collections.ConfigDict:
+    """The behaviour multiplier's strengths and thresholds (`mercury_jax.envs.behaviour.BehaviourConfig`)."""
+    import dataclasses
+
+    from mercury_jax.envs.behaviour import BehaviourConfig
+
+    return ml_collections.ConfigDict(dataclasses.asdict(BehaviourConfig()))
+
+
 def checkpoint_config(every: int, keep: int = 3) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(dict(every=every, keep=keep, async_save=True))

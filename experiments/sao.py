@@ -61,6 +61,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     r.max_total_tokens = 768 if tiny else 24576
     r.max_turn_tokens = 192 if tiny else 8192
     c.rollout = r
+    c.behaviour = common.behaviour_config()   # reward = effects_fraction x the behaviour multiplier
 
     # Device groups (consecutive slices of jax.devices()); all 0 = everything shares the default device.
     c.devices = ml_collections.ConfigDict(dict(rollout=0, actor=0, critic=0) if tiny else

@@ -196,12 +196,12 @@ def _make_runner(model, config, seed: int, version: int, workdir: Path):
     from mercury_jax.export import run_tokenizer
     from mercury_jax.rollout.engine import Engine
     from mercury_jax.rollout.episode import EpisodeRunner
-    from mercury_jax.train.setup import rollout_budgets, rollout_sampling
+    from mercury_jax.train.setup import behaviour, rollout_budgets, rollout_sampling
 
     rollout = config.rollout
     engine = Engine(model, num_slots=rollout.num_slots, max_length=rollout.max_total_tokens, policy_version=version)
-    runner = EpisodeRunner(engine, run_tokenizer(config, workdir),
-                           budgets=rollout_budgets(rollout), sampling=rollout_sampling(rollout, seed))
+    runner = EpisodeRunner(engine, run_tokenizer(config, workdir), budgets=rollout_budgets(rollout),
+                           behaviour=behaviour(config), sampling=rollout_sampling(rollout, seed))
     return runner, engine
 
 

@@ -68,3 +68,14 @@ def test_running_out_of_tool_turns_is_penalised(finish, factor):
     assert not parts["truncated"]  # a separate factor from the mid-turn token-budget cut
     off = BehaviourConfig(turn_budget_strength=0)
     assert behaviour_multiplier([CALL, CALL], finish_reason=finish, config=off)[0] == 1.0
+
+
+@pytest.mark.parametrize("violations, strength, factor", [(0, 1.0, 1.0), (1, 1.0, 0.0), (1, 0.5, 0.5), (3, 0.5, 0.0)])
+def test_collateral_damage_scales_reward_by_forbidden_violations(violations, strength, factor):
+    config = BehaviourConfig(collateral_strength=strength)
+    multiplier, parts = behaviour_multiplier([CALL, "Done."], finish_reason="answered",
+                                             forbidden_violations=violations, config=config)
+    assert parts["collateral_damage"] == factor and parts["forbidden_violations"] == violations
+    assert multiplier == pytest.approx(factor)
+    with pytest.raises(ValueError, match="must be a count"):
+        behaviour_multiplier([CALL], finish_reason="answered", forbidden_violations=-1)

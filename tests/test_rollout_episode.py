@@ -180,6 +180,20 @@ def test_turn_budget_stops_before_executing_more_tools(tokenizer):
     assert traj.action_mask[-1] == 1  # the trajectory ends on the sampled turn
 
 
+def test_collateral_damage_voids_the_reward_of_a_solved_task(tokenizer):
+    task = next(t for t in ENTERPRISE if t["template"] == "tiny_deal_stage")
+    required = task["required_effects"][0]
+    other = task["forbidden_effects"][0]["id"]  # a deal the task says to leave alone
+    hedge = render_completion({"role": "assistant", "content": "", "tool_calls": [
+        {"name": "update_deal", "arguments": {"deal_id": other, "stage": required["value"]}}]})
+    (clean, hedged), _ = run_scripted(tokenizer, [task, task], overrides={(1, 2): hedge})
+    assert clean.reward == 1.0 and clean.reward_parts["collateral_damage"] == 1.0
+    # the second episode also moved the other deal: every required effect holds, one forbidden effect fired
+    assert hedged.reward_parts["effects_fraction"] == 1.0 and not hedged.reward_parts["all_effects_pass"]
+    assert hedged.reward_parts["forbidden_violations"] == 1 and hedged.reward_parts["collateral_damage"] == 0.0
+    assert hedged.reward == 0.0
+
+
 def test_token_budget_mid_turn_and_observation_overflow(tokenizer):
     task = ENTERPRISE[0]
     reference = trajectory_from_messages(tokenizer, oracle_trajectory(task), tools_of(task))

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from mercury_jax.evaluation import (EpisodeOutcomes, checkpoint_record, discordant_counts, format_table,
-                                    mcnemar_exact, mean_interval, plot_frontier, select_checkpoint, wilson_interval)
+                                    mcnemar_exact, mean_interval, paired_difference, plot_frontier, select_checkpoint,
+                                    sign_test, wilson_interval)
 from mercury_jax.sweep import SweepError, main as sweep_main, run_sweep, sweep_steps
 
 ALPHA = 0.05
@@ -77,6 +78,40 @@ def test_mcnemar_exact_edge_cases_and_reference():
             assert mcnemar_exact(start, candidate, alternative) == pytest.approx(reference, rel=1e-12)
     with pytest.raises(ValueError, match="same tasks"):
         mcnemar_exact([1, 0], [1])
+
+
+def test_sign_test_by_hand_and_against_scipy():
+    from scipy.stats import binomtest
+
+    assert sign_test(2, 1, "greater") == pytest.approx(4 / 8, abs=1e-15)   # P(X >= 2), X ~ Bin(3, 1/2)
+    assert sign_test(2, 1, "less") == pytest.approx(7 / 8, abs=1e-15)      # P(X <= 2)
+    assert sign_test(0, 0) == 1.0
+    for wins, losses in [(9, 2), (0, 5), (13, 13), (30, 17)]:
+        for alternative in ("two-sided", "less", "greater"):
+            reference = binomtest(wins, wins + losses, 0.5, alternative=alternative).pvalue
+            assert sign_test(wins, losses, alternative) == pytest.approx(reference, rel=1e-12)
+    with pytest.raises(ValueError, match="must be counts"):
+        sign_test(-1, 3)
+
+
+def test_paired_difference_by_hand_and_against_scipy():
+    from scipy.stats import ttest_rel
+
+    start, candidate = [0.0, 1.0, 0.5, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0, 0.0]
+    got = paired_difference(start, candidate)
+    # d = [1, 0, 0.5, 0, -1]: mean 0.1, s^2 = (0.81 + 0.01 + 0.16 + 0.01 + 1.21) / 4 = 0.55, sem = sqrt(0.55 / 5)
+    assert got["mean_difference"] == pytest.approx(0.1, abs=1e-15)
+    assert got["sem"] == pytest.approx(math.sqrt(0.11), rel=1e-12)
+    assert (got["start_mean"], got["candidate_mean"]) == pytest.approx((0.5, 0.6))
+    assert (got["wins"], got["losses"], got["ties"]) == (2, 1, 2)
+    assert got["p_sign_greater"] == pytest.approx(0.5, abs=1e-15)
+    assert got["p_paired_t"] == pytest.approx(ttest_rel(candidate, start).pvalue, rel=1e-9)
+    half = 2.7764451051977987 * math.sqrt(0.11)  # t_{4, 0.975}
+    np.testing.assert_allclose(got["ci"], (0.1 - half, 0.1 + half), rtol=1e-9)
+    same = paired_difference([0.5, 1.0], [0.5, 1.0])
+    assert same["mean_difference"] == 0 and same["p_paired_t"] == 1.0 and same["ties"] == 2
+    with pytest.raises(ValueError, match="same tasks"):
+        paired_difference([1.0, 0.0], [1.0])
 
 
 # ------------------------------------------------------------------------------------------------ selection rule

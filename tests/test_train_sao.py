@@ -47,6 +47,7 @@ def tiny_sao_config(steps: int):
     c.world.num_train_tasks, c.world.num_eval_tasks = 8, 2
     c.checkpoint.every, c.checkpoint.keep = 1, 10
     c.devices.rollout, c.devices.actor, c.devices.critic = 4, 2, 2
+    c.behaviour.turn_budget_strength = 0.25  # not the default: the runners must take it from the config
     return c
 
 
@@ -57,6 +58,12 @@ def synthetic_reward(trajectory) -> float:
 
 
 class ScoringRunner(EpisodeRunner):
+    behaviours = []  # the behaviour settings of every runner the trainer built
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        ScoringRunner.behaviours.append(self.behaviour)
+
     def run(self, tasks, **kwargs):
         return [dataclasses.replace(t, reward=synthetic_reward(t)) for t in super().run(tasks, **kwargs)]
 
@@ -175,6 +182,36 @@ def test_critic_token_mixing_and_embedding_frozen_rest_trains(full_run):
     assert np.any(trainable[("value_head",)] != 0)  # zero-initialised head has learned
 
 
+@pytest.mark.slow
+def test_runners_take_the_behaviour_section_of_the_config(full_run):
+    from mercury_jax.envs.behaviour import BehaviourConfig
+    from mercury_jax.train import setup
+
+    config = tiny_sao_config(1)
+    expected = BehaviourConfig(turn_budget_strength=0.25)
+    assert setup.behaviour(config) == expected
+    assert ScoringRunner.behaviours and set(ScoringRunner.behaviours) == {expected}  # the module's runs built them
+    del config.behaviour  # a run config written before the section existed
+    assert setup.behaviour(config) == BehaviourConfig()
+
+
+@pytest.mark.slow
+def test_held_out_evaluations_are_compared_task_by_task(full_run):
+    import json
+
+    from mercury_jax.evaluation import paired_difference
+
+    sao_dir = full_run["workdir"] / "sao"
+    evals = [json.loads(line) for line in (sao_dir / "evals.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == [0, TOTAL_STEPS]
+    assert evals[0]["task_ids"] == evals[-1]["task_ids"] and len(evals[0]["task_ids"]) == 2
+    for e in evals:
+        assert np.mean(e["task_rewards"]) == pytest.approx(e["reward"])
+    summary = json.loads((sao_dir / "eval_summary.json").read_text())
+    assert summary["paired"] == paired_difference(evals[0]["task_rewards"], evals[-1]["task_rewards"])
+    assert (summary["start"]["step"], summary["end"]["step"]) == (0, TOTAL_STEPS)
+
+
 # ------------------------------------------------------------------------------------------------ resume
 @pytest.mark.slow
 def test_killed_run_resumes_with_identical_metrics(full_run, tmp_path):
@@ -264,3 +301,10 @@ def test_batch_not_divisible_by_actor_devices_fails_with_the_fix():
         validate_config(config)
     config.devices.actor = 2
     validate_config(config)  # and the divisible layout passes
+
+
+def test_behaviour_strength_out_of_range_fails_with_the_fix():
+    config = tiny_sao_config(1)
+    config.behaviour.collateral_strength = 1.5
+    with pytest.raises(ConfigError, match=r"behaviour.collateral_strength is 1.5; a strength lies in \[0, 1\]"):
+        validate_config(config)

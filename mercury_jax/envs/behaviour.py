@@ -1,7 +1,7 @@
 """Behaviour multiplier (ENVIRONMENTS.md section 2): scales a positive reward down, never up.
 
     reward = effects_fraction * multiplier,
-    multiplier = repetition * post_answer_runaway * degenerate_truncation * turn_budget
+    multiplier = repetition * post_answer_runaway * degenerate_truncation * turn_budget * collateral_damage
 
 Each factor lies in [0, 1], is reported separately in `parts`, and has its own strength in `BehaviourConfig`:
 - **repetition**: `rate = 1 - unique/total` over the word n-grams (`ngram`, default 4) of all assistant text
@@ -17,6 +17,11 @@ Each factor lies in [0, 1], is reported separately in `parts`, and has its own s
 - **turn_budget**: `finish_reason` is "turn_budget" (the tool-turn budget ran out before a final answer):
   `factor = 1 - turn_budget_strength`. Beyond ENVIRONMENTS.md's list: without it, calls after the task is done
   are free under a state-only grade, and the tiny SAO demo learned to call tools until the budget cut it off.
+- **collateral_damage**: the grade's `forbidden_violations` (records the task said to leave alone that changed):
+  `factor = max(0, 1 - collateral_strength * violations)`; the default strength 1 voids the reward of an episode
+  that did collateral damage. Beyond ENVIRONMENTS.md's list, which counts forbidden effects only in
+  `all_effects_pass`: with `effects_fraction` alone, the tiny SAO policy learned to hedge a "which deal?" task by
+  updating both candidate deals, and was paid in full for it.
 """
 from __future__ import annotations
 
@@ -40,11 +45,14 @@ class BehaviourConfig:
     truncation_strength: float = 0.5
     truncation_in_think_strength: float = 1.0
     turn_budget_strength: float = 0.5
+    collateral_strength: float = 1.0
 
 
 def behaviour_multiplier(assistant_texts: Sequence[str], *, finish_reason: str, answered_turn: int | None = None,
-                         config: BehaviourConfig = BehaviourConfig()) -> tuple[float, dict]:
-    """(multiplier, parts) for one trajectory's generated assistant texts (raw, as sampled, one per turn)."""
+                         forbidden_violations: int = 0, config: BehaviourConfig = BehaviourConfig()
+                         ) -> tuple[float, dict]:
+    """(multiplier, parts) for one trajectory's generated assistant texts (raw, as sampled, one per turn) and the
+    number of forbidden effects its final state violates."""
     rate = repetition_rate(assistant_texts, config.ngram, config.min_ngrams)
     excess = (rate - config.repetition_threshold) / max(1e-9, 1 - config.repetition_threshold)
     repetition = 1 - config.repetition_strength * min(1.0, max(0.0, excess))
@@ -70,12 +78,16 @@ def behaviour_multiplier(assistant_texts: Sequence[str], *, finish_reason: str, 
     truncation = 1 - strength if truncated else 1.0
 
     turn_budget = 1 - config.turn_budget_strength if finish_reason == "turn_budget" else 1.0
+    if forbidden_violations < 0:
+        raise ValueError(f"forbidden_violations {forbidden_violations} must be a count")
+    collateral = max(0.0, 1 - config.collateral_strength * forbidden_violations)
 
     parts = {"repetition": repetition, "repetition_rate": rate, "post_answer_runaway": runaway,
              "runaway_turns": turns_after, "runaway_calls": calls_after, "runaway_chars": trailing_chars,
              "degenerate_truncation": truncation, "truncated": truncated, "truncated_in_think": in_think,
-             "turn_budget": turn_budget}
-    return repetition * runaway * truncation * turn_budget, parts
+             "turn_budget": turn_budget, "collateral_damage": collateral,
+             "forbidden_violations": forbidden_violations}
+    return repetition * runaway * truncation * turn_budget * collateral, parts
 
 
 def repetition_rate(texts: Sequence[str], n: int = 4, min_ngrams: int = 8) -> float:

@@ -24,7 +24,11 @@ Under H0 (same rate) each discordant pair is equally likely to fall either way, 
 
 with P(X <= k) = sum_{i <= k} C(n, i) / 2^n computed exactly in integers. The test is paired (the same task
 list and sampling seed for every checkpoint), so it is far more sensitive than comparing two independent
-proportions: per-task difficulty cancels. No discordant pair (n = 0) gives p = 1.
+proportions: per-task difficulty cancels. No discordant pair (n = 0) gives p = 1. It is the sign test of the
+paired differences candidate - start, which `sign_test` runs on counts and `paired_difference` on real-valued
+per-task scores (partial credit), beside the paired t statistic:
+
+    d_i = candidate_i - start_i,   mean d +- t_{n-1} s_d / sqrt(n),   t = mean d / (s_d / sqrt(n)),  n - 1 dof
 """
 from __future__ import annotations
 
@@ -77,19 +81,50 @@ def discordant_counts(start: Sequence[bool], candidate: Sequence[bool]) -> tuple
 
 def mcnemar_exact(start: Sequence[bool], candidate: Sequence[bool], alternative: str = "two-sided") -> float:
     """Exact McNemar p-value of the candidate's rate against the start's on paired outcomes (see module doc)."""
+    b, c = discordant_counts(start, candidate)
+    return sign_test(c, b, alternative)
+
+
+def sign_test(wins: int, losses: int, alternative: str = "two-sided") -> float:
+    """Exact sign test: `wins` pairs where the candidate is higher, `losses` where it is lower (ties dropped);
+    "greater" asks whether the candidate is higher (p = P(X >= wins), X ~ Binomial(wins + losses, 1/2))."""
     if alternative not in ALTERNATIVES:
         raise ValueError(f"alternative {alternative!r} is not one of {ALTERNATIVES}")
-    b, c = discordant_counts(start, candidate)
-    n = b + c
+    if wins < 0 or losses < 0:
+        raise ValueError(f"wins {wins} and losses {losses} must be counts")
+    n = wins + losses
     if n == 0:
         return 1.0
     if alternative == "two-sided":
-        p = 2 * _binomial_half_cdf(min(b, c), n)
+        p = 2 * _binomial_half_cdf(min(wins, losses), n)
     elif alternative == "less":
-        p = _binomial_half_cdf(c, n)
-    else:  # P(X >= c) = P(X <= n - c) by symmetry of Binomial(n, 1/2)
-        p = _binomial_half_cdf(n - c, n)
+        p = _binomial_half_cdf(wins, n)
+    else:  # P(X >= wins) = P(X <= n - wins) by symmetry of Binomial(n, 1/2)
+        p = _binomial_half_cdf(n - wins, n)
     return float(min(Fraction(1), p))
+
+
+def paired_difference(start: Sequence[float], candidate: Sequence[float], confidence: float = 0.95) -> dict:
+    """Paired comparison of per-task scores of two policies on the same tasks (and sampling seeds): the mean
+    difference candidate - start with its standard error and t interval, the two-sided paired t p-value, and the
+    exact sign test of candidate > start (wins, losses, ties)."""
+    from scipy.stats import t as student_t
+
+    if len(start) != len(candidate):
+        raise ValueError(f"paired scores need the same tasks: {len(start)} start vs {len(candidate)} candidate")
+    if len(start) < 2:
+        raise ValueError(f"a paired comparison needs at least 2 tasks, got {len(start)}")
+    differences = [float(c) - float(s) for s, c in zip(start, candidate)]
+    n = len(differences)
+    mean = math.fsum(differences) / n
+    sem = math.sqrt(math.fsum((d - mean) ** 2 for d in differences) / (n - 1) / n)
+    low, high = mean_interval(differences, confidence)
+    p_t = 1.0 if sem == 0 else float(2 * student_t.sf(abs(mean) / sem, n - 1))
+    wins, losses = sum(d > 0 for d in differences), sum(d < 0 for d in differences)
+    return {"num_tasks": n, "start_mean": math.fsum(map(float, start)) / n,
+            "candidate_mean": math.fsum(map(float, candidate)) / n, "mean_difference": mean, "sem": sem,
+            "ci": [low, high], "confidence": confidence, "p_paired_t": p_t, "wins": wins, "losses": losses,
+            "ties": n - wins - losses, "p_sign_greater": sign_test(wins, losses, "greater")}
 
 
 def _binomial_half_cdf(k: int, n: int) -> Fraction:

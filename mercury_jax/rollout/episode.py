@@ -223,7 +223,9 @@ class EpisodeRunner:
                              len(texts) - 1 if finish == "answered" else None)
         truncated = finish in ("token_budget", "degenerate")
         multiplier, parts = behaviour_multiplier(texts, finish_reason=TRUNCATION if truncated else finish,
-                                                 answered_turn=answered_turn, config=self.behaviour)
+                                                 answered_turn=answered_turn,
+                                                 forbidden_violations=int(grade.get("forbidden_violations", 0)),
+                                                 config=self.behaviour)
         effects = float(grade["effects_fraction"])
         timings["total_s"] = time.perf_counter() - start
         return Trajectory(

@@ -174,6 +174,7 @@ def pivot_states(config: ml_collections.ConfigDict, workdir: Path, tokenizer, en
         run_episodes = None
         if cfg.pivot_source == "policy":
             runner = EpisodeRunner(engine, tokenizer, budgets=setup.rollout_budgets(rcfg),
+                                   behaviour=setup.behaviour(config),
                                    sampling=setup.rollout_sampling(rcfg, config.seed + 2_000_003))
             run_episodes = runner.run
         t0 = time.perf_counter()

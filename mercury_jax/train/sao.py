@@ -74,13 +74,34 @@ def trajectory_metrics(trajectories: list[Trajectory]) -> dict:
     }
 
 
+def write_eval_summary(evals_path: Path, out: Path) -> dict | None:
+    """Compare the last held-out evaluation with the warm start's, paired task by task (the same tasks and
+    sampling seeds at every evaluation, so per-task difficulty cancels); print it and write it as JSON."""
+    from mercury_jax.evaluation import paired_difference
+
+    evals = [json.loads(line) for line in evals_path.read_text().splitlines() if line.strip()]
+    first, last = evals[0], evals[-1]
+    if len(evals) < 2 or "task_rewards" not in first or first["task_ids"] != last["task_ids"]:
+        return None
+    paired = paired_difference(first["task_rewards"], last["task_rewards"])
+    summary = {"start": {k: first[k] for k in ("step", "label", "reward", "reward_sem")},
+               "end": {k: last[k] for k in ("step", "label", "reward", "reward_sem")}, "paired": paired}
+    out.write_text(json.dumps(summary, indent=1) + "\n")
+    low, high = paired["ci"]
+    print(f"[sao] held-out reward {paired['start_mean']:.3f} ({first['label']}) -> {paired['candidate_mean']:.3f} "
+          f"({last['label']}): paired difference {paired['mean_difference']:+.3f} +- {paired['sem']:.3f} (sem), "
+          f"{paired['confidence']:.0%} CI [{low:+.3f}, {high:+.3f}], paired t p = {paired['p_paired_t']:.2g}; "
+          f"{paired['wins']} tasks better, {paired['losses']} worse, {paired['ties']} equal (sign test p = "
+          f"{paired['p_sign_greater']:.2g}) over {paired['num_tasks']} tasks", flush=True)
+    return summary
+
+
 def _batch_length(trajectories: list[Trajectory], limit: int) -> int:
-    """Pad length: the whole budget when it is short (one compiled shape per learner function; every new shape
-    costs a compile of the critic and actor steps), else the longest trajectory rounded up to 2048."""
-    bucket = 256 if limit <= 4096 else 2048
+    """Pad length: the longest trajectory rounded up to a bucket (128 tokens for budgets up to 4,096, else 2,048),
+    at most the budget rounded up. Each bucket is one compiled shape of the learner functions, so a run compiles a
+    few of them and then pays only for the tokens its batches hold (short episodes are not padded to the budget)."""
+    bucket = 128 if limit <= 4096 else 2048
     ceiling = -(-limit // bucket) * bucket
-    if limit <= 4096:
-        return ceiling
     return min(-(-max(len(t.tokens) for t in trajectories) // bucket) * bucket, ceiling)
 
 
@@ -131,9 +152,10 @@ def run_sao(config: ml_collections.ConfigDict, workdir: Path):
 
     engine = Engine(rollout_model(), num_slots=rcfg.num_slots, max_length=rcfg.max_total_tokens,
                     policy_version=version)
-    budgets = setup.rollout_budgets(rcfg)
-    train_runner = EpisodeRunner(engine, tokenizer, budgets=budgets, sampling=setup.rollout_sampling(rcfg, config.seed))
-    eval_runner = EpisodeRunner(engine, tokenizer, budgets=budgets,
+    budgets, behaviour = setup.rollout_budgets(rcfg), setup.behaviour(config)
+    train_runner = EpisodeRunner(engine, tokenizer, budgets=budgets, behaviour=behaviour,
+                                 sampling=setup.rollout_sampling(rcfg, config.seed))
+    eval_runner = EpisodeRunner(engine, tokenizer, budgets=budgets, behaviour=behaviour,
                                 sampling=setup.rollout_sampling(rcfg, config.seed + 1_000_003))
 
     def evaluate(label: str) -> dict:
@@ -142,7 +164,8 @@ def run_sao(config: ml_collections.ConfigDict, workdir: Path):
         trajectories = eval_runner.run(eval_tasks)
         rewards = np.array([t.reward for t in trajectories])
         result = {"label": label, **trajectory_metrics(trajectories), "reward_sem": float(rewards.std(ddof=1) /
-                                                                                        np.sqrt(len(rewards)))}
+                                                                                        np.sqrt(len(rewards))),
+                  "task_ids": [t.task_id for t in trajectories], "task_rewards": rewards.tolist()}
         print(f"[sao] eval ({label}): reward {result['reward']:.3f} +- {result['reward_sem']:.3f} (sem over "
               f"{len(rewards)} held-out tasks), all-effects pass {result['all_effects_pass']:.2f}", flush=True)
         return result
@@ -153,7 +176,7 @@ def run_sao(config: ml_collections.ConfigDict, workdir: Path):
             while True:
                 yield stream.take(1)[0]
         worker = RolloutWorker(rollout_model(), tokenizer, task_iterator(), num_slots=rcfg.num_slots,
-                               max_length=rcfg.max_total_tokens, budgets=budgets,
+                               max_length=rcfg.max_total_tokens, budgets=budgets, behaviour=behaviour,
                                sampling=setup.rollout_sampling(rcfg, config.seed),
                                devices=list(meshes["rollout"].devices.flat), policy_version=version,
                                queue_size=cfg.batch_prompts,  # bounds how far rollouts run ahead of the learner
@@ -236,6 +259,7 @@ def run_sao(config: ml_collections.ConfigDict, workdir: Path):
         final = evaluate("after SAO")
         with evals_path.open("a") as f:
             f.write(json.dumps({"step": cfg.steps, **final}) + "\n")
+        write_eval_summary(evals_path, workdir / "sao" / "eval_summary.json")
     logger.plot(["reward", "all_effects_pass", "truncation_rate", "response_length", "value_loss",
                  "explained_variance", "dis_masked_fraction"], "sao_curves.png")
     logger.close()

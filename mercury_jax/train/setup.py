@@ -105,6 +105,14 @@ def rollout_budgets(rollout: ml_collections.ConfigDict):
                    max_turn_tokens=rollout.max_turn_tokens)
 
 
+def behaviour(config: ml_collections.ConfigDict):
+    """The behaviour multiplier's settings from `config.behaviour` (the defaults where a run's config predates
+    the section)."""
+    from mercury_jax.envs.behaviour import BehaviourConfig
+
+    return BehaviourConfig(**config.behaviour.to_dict()) if "behaviour" in config else BehaviourConfig()
+
+
 def rollout_sampling(rollout: ml_collections.ConfigDict, seed: int):
     """The sampling parameters of a config's `rollout` section with the stream's `seed`."""
     from mercury_jax.rollout.episode import SamplingParams

@@ -36,10 +36,24 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     if config.world.corpus_dir and not Path(config.world.corpus_dir).exists():
         raise ConfigError(f"world.corpus_dir {config.world.corpus_dir!r} does not exist; generate it with "
                           f"python -m mercury_jax.envs.generate --out DIR")
+    if "behaviour" in config:
+        _validate_behaviour(config.behaviour)
     if pipeline == "sao":
         _validate_sao(config)
     if pipeline == "grpo":
         _validate_grpo(config)
+
+
+def _validate_behaviour(behaviour) -> None:
+    for name, value in behaviour.items():
+        if name.endswith("_strength") and not 0 <= value <= 1:
+            raise ConfigError(f"behaviour.{name} is {value}; a strength lies in [0, 1] (0 turns that factor of the "
+                              f"behaviour multiplier off, 1 is the full penalty)")
+    if not 0 <= behaviour.repetition_threshold < 1:
+        raise ConfigError(f"behaviour.repetition_threshold is {behaviour.repetition_threshold}; use a value in [0, 1)")
+    if behaviour.ngram < 1 or behaviour.runaway_chars < 1:
+        raise ConfigError(f"behaviour.ngram ({behaviour.ngram}) and behaviour.runaway_chars "
+                          f"({behaviour.runaway_chars}) must be >= 1")
 
 
 def _validate_sao(config) -> None:
