@@ -62,6 +62,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     r.max_turn_tokens = 192 if tiny else 8192
     c.rollout = r
     c.behaviour = common.behaviour_config()   # reward = effects_fraction x the behaviour multiplier
+    if tiny:  # a malformed call costs a quarter of the reward (off in the released run's reward)
+        c.behaviour.malformed_strength = 0.25
 
     # Device groups (consecutive slices of jax.devices()); all 0 = everything shares the default device.
     c.devices = ml_collections.ConfigDict(dict(rollout=0, actor=0, critic=0) if tiny else

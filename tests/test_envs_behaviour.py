@@ -77,5 +77,16 @@ def test_collateral_damage_scales_reward_by_forbidden_violations(violations, str
                                              forbidden_violations=violations, config=config)
     assert parts["collateral_damage"] == factor and parts["forbidden_violations"] == violations
     assert multiplier == pytest.approx(factor)
-    with pytest.raises(ValueError, match="must be a count"):
+    with pytest.raises(ValueError, match="must be counts"):
         behaviour_multiplier([CALL], finish_reason="answered", forbidden_violations=-1)
+
+
+@pytest.mark.parametrize("errors, strength, factor", [(2, 0.0, 1.0), (0, 0.25, 1.0), (1, 0.25, 0.75), (5, 0.25, 0.0)])
+def test_malformed_calls_scale_reward_by_format_errors(errors, strength, factor):
+    config = BehaviourConfig(malformed_strength=strength)
+    multiplier, parts = behaviour_multiplier([CALL, "Done."], finish_reason="answered", format_errors=errors,
+                                             config=config)
+    assert parts["malformed_calls"] == factor and parts["format_errors"] == errors
+    assert multiplier == pytest.approx(factor)
+    with pytest.raises(ValueError, match="must be counts"):
+        behaviour_multiplier([CALL], finish_reason="answered", format_errors=-1)

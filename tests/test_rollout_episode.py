@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from mercury_jax.chat import render, render_completion, train_sentencepiece_tokenizer
-from mercury_jax.envs import make_episode, oracle_trajectory, presets
+from mercury_jax.envs import BehaviourConfig, make_episode, oracle_trajectory, presets
 from mercury_jax.envs.episode import Episode
 from mercury_jax.rollout import Engine
 from mercury_jax.rollout.engine import Sample
@@ -109,7 +109,7 @@ def oracle_script(tokenizer, tasks, stride, overrides=None, thinking=True):
 
 def run_scripted(tokenizer, tasks, *, budgets=Budgets(), overrides=None, factory=None, thinking=True, **options):
     runner_options = dict(budgets=budgets, call_timeout_s=options.pop("call_timeout_s", 30.0),
-                          enable_thinking=thinking)
+                          enable_thinking=thinking, behaviour=options.pop("behaviour", BehaviourConfig()))
     if factory is not None:
         runner_options["episode_factory"] = factory
     engine = ScriptedEngine(None, **options)
@@ -232,6 +232,14 @@ def test_malformed_and_unknown_calls_are_observations_and_the_episode_goes_on(to
     assert all(r["is_error"] for r in traj.tool_results[:3])
     assert sum("turn 0" in e for e in traj.format_errors) == 2 and any("turn 1" in e for e in traj.format_errors)
     assert [c["ok"] for c in traj.tool_calls[:3]] == [False, False, False]
+    # the reward counts them only when the malformed-calls factor is on (off by default)
+    errors = len(traj.format_errors)
+    assert traj.reward_parts["format_errors"] == errors and traj.reward_parts["malformed_calls"] == 1.0
+    # the first turn malformed (2 errors), then the oracle's write and answer: the task is solved
+    (strict,), _ = run_scripted(tokenizer, [ENTERPRISE[0]], overrides={(0, 0): bad},
+                                behaviour=BehaviourConfig(malformed_strength=0.25))
+    assert strict.reward_parts["effects_fraction"] == 1.0 and len(strict.format_errors) == 2
+    assert strict.reward_parts["malformed_calls"] == 0.5 and strict.reward == 0.5
 
 
 def test_endoftext_ends_a_turn_and_im_end_is_inserted_unsampled(tokenizer):

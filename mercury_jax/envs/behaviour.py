@@ -2,6 +2,7 @@
 
     reward = effects_fraction * multiplier,
     multiplier = repetition * post_answer_runaway * degenerate_truncation * turn_budget * collateral_damage
+                 * malformed_calls
 
 Each factor lies in [0, 1], is reported separately in `parts`, and has its own strength in `BehaviourConfig`:
 - **repetition**: `rate = 1 - unique/total` over the word n-grams (`ngram`, default 4) of all assistant text
@@ -22,6 +23,11 @@ Each factor lies in [0, 1], is reported separately in `parts`, and has its own s
   that did collateral damage. Beyond ENVIRONMENTS.md's list, which counts forbidden effects only in
   `all_effects_pass`: with `effects_fraction` alone, the tiny SAO policy learned to hedge a "which deal?" task by
   updating both candidate deals, and was paid in full for it.
+- **malformed_calls**: the trajectory's format errors (malformed or unknown tool calls, ids outside the
+  vocabulary, turns cut off without a stop token): `factor = max(0, 1 - malformed_strength * errors)`. Off by
+  default (ENVIRONMENTS.md counts format errors in the metrics only); `experiments/sao.py:tiny` turns it on: a
+  malformed call followed by a correct one was paid like a clean episode, and after ~50 SAO steps the tiny
+  policy's format errors per episode doubled.
 """
 from __future__ import annotations
 
@@ -46,13 +52,14 @@ class BehaviourConfig:
     truncation_in_think_strength: float = 1.0
     turn_budget_strength: float = 0.5
     collateral_strength: float = 1.0
+    malformed_strength: float = 0.0
 
 
 def behaviour_multiplier(assistant_texts: Sequence[str], *, finish_reason: str, answered_turn: int | None = None,
-                         forbidden_violations: int = 0, config: BehaviourConfig = BehaviourConfig()
-                         ) -> tuple[float, dict]:
-    """(multiplier, parts) for one trajectory's generated assistant texts (raw, as sampled, one per turn) and the
-    number of forbidden effects its final state violates."""
+                         forbidden_violations: int = 0, format_errors: int = 0,
+                         config: BehaviourConfig = BehaviourConfig()) -> tuple[float, dict]:
+    """(multiplier, parts) for one trajectory's generated assistant texts (raw, as sampled, one per turn), the
+    number of forbidden effects its final state violates and the number of its format errors."""
     rate = repetition_rate(assistant_texts, config.ngram, config.min_ngrams)
     excess = (rate - config.repetition_threshold) / max(1e-9, 1 - config.repetition_threshold)
     repetition = 1 - config.repetition_strength * min(1.0, max(0.0, excess))
@@ -78,16 +85,18 @@ def behaviour_multiplier(assistant_texts: Sequence[str], *, finish_reason: str, 
     truncation = 1 - strength if truncated else 1.0
 
     turn_budget = 1 - config.turn_budget_strength if finish_reason == "turn_budget" else 1.0
-    if forbidden_violations < 0:
-        raise ValueError(f"forbidden_violations {forbidden_violations} must be a count")
+    if forbidden_violations < 0 or format_errors < 0:
+        raise ValueError(f"forbidden_violations ({forbidden_violations}) and format_errors ({format_errors}) must "
+                         f"be counts")
     collateral = max(0.0, 1 - config.collateral_strength * forbidden_violations)
+    malformed = max(0.0, 1 - config.malformed_strength * format_errors)
 
     parts = {"repetition": repetition, "repetition_rate": rate, "post_answer_runaway": runaway,
              "runaway_turns": turns_after, "runaway_calls": calls_after, "runaway_chars": trailing_chars,
              "degenerate_truncation": truncation, "truncated": truncated, "truncated_in_think": in_think,
              "turn_budget": turn_budget, "collateral_damage": collateral,
-             "forbidden_violations": forbidden_violations}
-    return repetition * runaway * truncation * turn_budget * collateral, parts
+             "forbidden_violations": forbidden_violations, "malformed_calls": malformed, "format_errors": format_errors}
+    return repetition * runaway * truncation * turn_budget * collateral * malformed, parts
 
 
 def repetition_rate(texts: Sequence[str], n: int = 4, min_ngrams: int = 8) -> float:

@@ -225,7 +225,7 @@ class EpisodeRunner:
         multiplier, parts = behaviour_multiplier(texts, finish_reason=TRUNCATION if truncated else finish,
                                                  answered_turn=answered_turn,
                                                  forbidden_violations=int(grade.get("forbidden_violations", 0)),
-                                                 config=self.behaviour)
+                                                 format_errors=len(format_errors), config=self.behaviour)
         effects = float(grade["effects_fraction"])
         timings["total_s"] = time.perf_counter() - start
         return Trajectory(
