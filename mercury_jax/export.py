@@ -24,7 +24,9 @@ with the Qwen3.5 special tokens at ids 1..33, not an HF tokenizer; load it with
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -120,6 +122,17 @@ def abstract_policy(config: ml_collections.ConfigDict, workdir: str | Path):
     return nnx.eval_shape(lambda: build_model(model_cfg, vocab_size, config.seed))
 
 
+@contextlib.contextmanager
+def _quiet_absl():
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def read_checkpoint_arrays(arrays_dir: str | Path, subtree: tuple[str, ...] = ()
                            ) -> dict[tuple[str, ...], np.ndarray]:
     """The arrays under `subtree` of an Orbax checkpoint item (e.g. `.../sao/checkpoints/3/arrays`, ("actor",
@@ -128,8 +141,14 @@ def read_checkpoint_arrays(arrays_dir: str | Path, subtree: tuple[str, ...] = ()
     import jax
     import orbax.checkpoint as ocp
 
+    arrays_dir = Path(arrays_dir).absolute()  # Orbax resolves a relative path against no directory of ours
     checkpointer = ocp.PyTreeCheckpointer()
-    tree = checkpointer.metadata(arrays_dir).item_metadata.tree
+    with _quiet_absl():  # an item directory has no step-level _CHECKPOINT_METADATA; Orbax warns on every read
+        metadata = checkpointer.metadata(arrays_dir) if arrays_dir.is_dir() else None
+    if metadata is None or metadata.item_metadata is None:
+        raise ExportError(f"{arrays_dir} holds no readable Orbax checkpoint item (no array metadata); the save was "
+                          f"interrupted or the path is wrong; pick another step (`--step`) or rerun the training")
+    tree = metadata.item_metadata.tree
     for key in subtree:
         tree = tree.get(key, {}) if isinstance(tree, dict) else {}
     if not tree:
@@ -138,8 +157,9 @@ def read_checkpoint_arrays(arrays_dir: str | Path, subtree: tuple[str, ...] = ()
     for key in reversed(subtree):
         part = {key: part}
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), part)
-    restored = checkpointer.restore(arrays_dir, args=ocp.args.PyTreeRestore(item=part, restore_args=restore_args,
-                                                                             partial_restore=True))
+    with _quiet_absl():
+        restored = checkpointer.restore(arrays_dir, args=ocp.args.PyTreeRestore(
+            item=part, restore_args=restore_args, partial_restore=True))
     for key in subtree:
         restored = restored[key]
     arrays = {}

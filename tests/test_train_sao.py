@@ -259,6 +259,17 @@ def test_export_names_available_steps_and_stages(full_run, tmp_path):
         export_run(bare, tmp_path / "y")
 
 
+@pytest.mark.slow
+def test_checkpoint_arrays_read_from_a_relative_path(full_run, monkeypatch, tmp_path):
+    workdir = full_run["workdir"]
+    expected = _sao_arrays(workdir, 1, "actor", "params")
+    monkeypatch.chdir(workdir.parent)  # `python -m mercury_jax.sweep --workdir runs/x` passes relative paths
+    got = read_checkpoint_arrays(Path(workdir.name) / "sao" / "checkpoints" / "1" / "arrays", ("actor", "params"))
+    assert got.keys() == expected.keys() and all(np.array_equal(got[k], expected[k]) for k in expected)
+    with pytest.raises(ExportError, match="holds no readable Orbax checkpoint item"):
+        read_checkpoint_arrays(tmp_path, ("actor",))
+
+
 def test_run_config_round_trips_through_the_workdir(tmp_path):
     config = tiny_sao_config(7)
     path = save_run_config(config, tmp_path)
