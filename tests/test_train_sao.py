@@ -188,7 +188,8 @@ def test_runners_take_the_behaviour_section_of_the_config(full_run):
     from mercury_jax.train import setup
 
     config = tiny_sao_config(1)
-    expected = BehaviourConfig(turn_budget_strength=0.25)
+    expected = BehaviourConfig(**{**get_config("tiny").behaviour.to_dict(), "turn_budget_strength": 0.25})
+    assert expected != BehaviourConfig(turn_budget_strength=0.25)  # :tiny also turns the malformed-calls factor on
     assert setup.behaviour(config) == expected
     assert ScoringRunner.behaviours and set(ScoringRunner.behaviours) == {expected}  # the module's runs built them
     del config.behaviour  # a run config written before the section existed
@@ -199,7 +200,7 @@ def test_runners_take_the_behaviour_section_of_the_config(full_run):
 def test_held_out_evaluations_are_compared_task_by_task(full_run):
     import json
 
-    from mercury_jax.evaluation import paired_difference
+    from mercury_jax.evaluation import mcnemar_exact, paired_difference
 
     sao_dir = full_run["workdir"] / "sao"
     evals = [json.loads(line) for line in (sao_dir / "evals.jsonl").read_text().splitlines()]
@@ -209,6 +210,10 @@ def test_held_out_evaluations_are_compared_task_by_task(full_run):
         assert np.mean(e["task_rewards"]) == pytest.approx(e["reward"])
     summary = json.loads((sao_dir / "eval_summary.json").read_text())
     assert summary["paired"] == paired_difference(evals[0]["task_rewards"], evals[-1]["task_rewards"])
+    passes = summary["all_effects_pass"]
+    assert passes["start"] == evals[0]["all_effects_pass"] and passes["end"] == evals[-1]["all_effects_pass"]
+    assert passes["p_mcnemar_greater"] == mcnemar_exact(evals[0]["task_all_effects_pass"],
+                                                        evals[-1]["task_all_effects_pass"], "greater")
     assert (summary["start"]["step"], summary["end"]["step"]) == (0, TOTAL_STEPS)
 
 

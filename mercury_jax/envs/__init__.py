@@ -21,7 +21,8 @@ Interfaces the rollout engine relies on (ENVIRONMENTS.md; details in each module
   when a judge is given, plus `forbidden_violations`; browse: `accuracy`, `grounded`, `evidence_sufficient`,
   `over_search_calls`, with `effects_fraction` = accuracy).
 - **Behaviour multiplier**: `behaviour_multiplier(assistant_texts, *, finish_reason, answered_turn=None,
-  forbidden_violations=0, config=BehaviourConfig()) -> (multiplier, parts)`; reward = effects_fraction * multiplier.
+  forbidden_violations=0, format_errors=0, config=BehaviourConfig()) -> (multiplier, parts)`; reward =
+  effects_fraction * multiplier.
 - **Oracle**: `oracle_trajectory(task, **browse_options) -> list[dict]` chat messages (system, user, assistant
   turns with `tool_calls`, `tool` results, final answer) for `mercury_jax.chat.render` (SFT warm starts).
 - **Browsing pivots**: `browse.pivots.extract_pivots(task, messages)`, `browse.stop_verifier.verify_stop(task,

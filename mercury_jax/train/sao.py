@@ -77,22 +77,30 @@ def trajectory_metrics(trajectories: list[Trajectory]) -> dict:
 def write_eval_summary(evals_path: Path, out: Path) -> dict | None:
     """Compare the last held-out evaluation with the warm start's, paired task by task (the same tasks and
     sampling seeds at every evaluation, so per-task difficulty cancels); print it and write it as JSON."""
-    from mercury_jax.evaluation import paired_difference
+    from mercury_jax.evaluation import discordant_counts, mcnemar_exact, paired_difference
 
     evals = [json.loads(line) for line in evals_path.read_text().splitlines() if line.strip()]
     first, last = evals[0], evals[-1]
-    if len(evals) < 2 or "task_rewards" not in first or first["task_ids"] != last["task_ids"]:
+    if len(evals) < 2 or "task_all_effects_pass" not in first or first["task_ids"] != last["task_ids"]:
         return None
     paired = paired_difference(first["task_rewards"], last["task_rewards"])
+    passed_before, passed_after = first["task_all_effects_pass"], last["task_all_effects_pass"]
+    lost, gained = discordant_counts(passed_before, passed_after)
+    passes = {"start": sum(passed_before) / len(passed_before), "end": sum(passed_after) / len(passed_after),
+              "gained": gained, "lost": lost, "p_mcnemar_greater": mcnemar_exact(passed_before, passed_after,
+                                                                                 "greater")}
     summary = {"start": {k: first[k] for k in ("step", "label", "reward", "reward_sem")},
-               "end": {k: last[k] for k in ("step", "label", "reward", "reward_sem")}, "paired": paired}
+               "end": {k: last[k] for k in ("step", "label", "reward", "reward_sem")}, "paired": paired,
+               "all_effects_pass": passes}
     out.write_text(json.dumps(summary, indent=1) + "\n")
     low, high = paired["ci"]
     print(f"[sao] held-out reward {paired['start_mean']:.3f} ({first['label']}) -> {paired['candidate_mean']:.3f} "
           f"({last['label']}): paired difference {paired['mean_difference']:+.3f} +- {paired['sem']:.3f} (sem), "
           f"{paired['confidence']:.0%} CI [{low:+.3f}, {high:+.3f}], paired t p = {paired['p_paired_t']:.2g}; "
           f"{paired['wins']} tasks better, {paired['losses']} worse, {paired['ties']} equal (sign test p = "
-          f"{paired['p_sign_greater']:.2g}) over {paired['num_tasks']} tasks", flush=True)
+          f"{paired['p_sign_greater']:.2g}) over {paired['num_tasks']} tasks; all-effects pass {passes['start']:.3f} "
+          f"-> {passes['end']:.3f} ({gained} tasks gained, {lost} lost, McNemar p = "
+          f"{passes['p_mcnemar_greater']:.2g})", flush=True)
     return summary
 
 
@@ -165,7 +173,8 @@ def run_sao(config: ml_collections.ConfigDict, workdir: Path):
         rewards = np.array([t.reward for t in trajectories])
         result = {"label": label, **trajectory_metrics(trajectories), "reward_sem": float(rewards.std(ddof=1) /
                                                                                         np.sqrt(len(rewards))),
-                  "task_ids": [t.task_id for t in trajectories], "task_rewards": rewards.tolist()}
+                  "task_ids": [t.task_id for t in trajectories], "task_rewards": rewards.tolist(),
+                  "task_all_effects_pass": [bool(t.reward_parts.get("all_effects_pass")) for t in trajectories]}
         print(f"[sao] eval ({label}): reward {result['reward']:.3f} +- {result['reward_sem']:.3f} (sem over "
               f"{len(rewards)} held-out tasks), all-effects pass {result['all_effects_pass']:.2f}", flush=True)
         return result
