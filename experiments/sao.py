@@ -30,7 +30,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.world.num_eval_tasks = 128   # held-out reward to +-0.045 (sem)
 
     s = ml_collections.ConfigDict()
-    s.steps = 40 if tiny else 159
+    s.steps = 80 if tiny else 159
     s.batch_prompts = 16 if tiny else 128
     s.group_size = 1
     s.critic_only_steps = 3 if tiny else 20
@@ -44,7 +44,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     s.whiten_advantages = False
     s.value_clip = 0.0
     s.max_staleness = 1
-    s.actor_optimizer = ml_collections.ConfigDict(dict(lr=2e-5 if tiny else 1e-6, warmup_steps=0, b1=0.9, b2=0.98,
+    s.actor_optimizer = ml_collections.ConfigDict(dict(lr=3e-5 if tiny else 1e-6, warmup_steps=0, b1=0.9, b2=0.98,
                                                        eps=1e-8, weight_decay=0.0, grad_clip=1.0 if tiny else 0.0))
     s.critic_optimizer = ml_collections.ConfigDict(dict(lr=1e-3 if tiny else 5e-6, warmup_steps=10, b1=0.9,
                                                         b2=0.98, eps=1e-8, weight_decay=0.0, grad_clip=1.0))
