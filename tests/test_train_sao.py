@@ -215,6 +215,7 @@ def test_held_out_evaluations_are_compared_task_by_task(full_run):
     assert passes["p_mcnemar_greater"] == mcnemar_exact(evals[0]["task_all_effects_pass"],
                                                         evals[-1]["task_all_effects_pass"], "greater")
     assert (summary["start"]["step"], summary["end"]["step"]) == (0, TOTAL_STEPS)
+    assert (sao_dir / "sao_heldout.png").stat().st_size > 0
 
 
 # ------------------------------------------------------------------------------------------------ resume

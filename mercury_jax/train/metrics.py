@@ -93,6 +93,30 @@ class MetricsLogger:
             self._writer.close()
 
 
+def plot_evaluations(evaluations: list[dict], path: str | Path, *, title: str = "held-out evaluations") -> Path:
+    """One PNG of held-out evaluations over training: mean reward +- 1 sem and the all-effects pass rate per step
+    (records with `step`, `reward`, `reward_sem`, `all_effects_pass`)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [e["step"] for e in evaluations]
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.errorbar(steps, [e["reward"] for e in evaluations], yerr=[e["reward_sem"] for e in evaluations], fmt="o-",
+                capsize=3, label="reward (mean +- sem)")
+    ax.plot(steps, [e["all_effects_pass"] for e in evaluations], "s--", label="all-effects pass rate")
+    ax.set_xlabel("step")
+    ax.set_ylim(0, 1)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _scalar(value):
     if hasattr(value, "item") and getattr(value, "size", 2) == 1:
         value = value.item()

@@ -29,7 +29,7 @@ from mercury_jax.rollout.trajectory import Trajectory, batch_trajectories
 from mercury_jax.rollout.worker import RolloutWorker
 from mercury_jax.train import setup
 from mercury_jax.train.checkpoints import Checkpointer
-from mercury_jax.train.metrics import MetricsLogger
+from mercury_jax.train.metrics import MetricsLogger, plot_evaluations
 from mercury_jax.train.optim import make_optimizer
 from mercury_jax.train.placement import batch_to_mesh, device_copy, group_meshes, onto_mesh, shardings_of
 from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step
@@ -269,6 +269,9 @@ def run_sao(config: ml_collections.ConfigDict, workdir: Path):
         with evals_path.open("a") as f:
             f.write(json.dumps({"step": cfg.steps, **final}) + "\n")
         write_eval_summary(evals_path, workdir / "sao" / "eval_summary.json")
+        evaluations = [json.loads(line) for line in evals_path.read_text().splitlines() if line.strip()]
+        plot_evaluations(evaluations, workdir / "sao" / "sao_heldout.png",
+                         title=f"SAO held-out evaluations ({len(eval_tasks)} tasks, the same seeds each time)")
     logger.plot(["reward", "all_effects_pass", "truncation_rate", "response_length", "value_loss",
                  "explained_variance", "dis_masked_fraction"], "sao_curves.png")
     logger.close()
