@@ -1,7 +1,11 @@
-"""Config pieces shared by the experiments (model, tokenizer, world, checkpoints, mesh)."""
+"""Config pieces shared by the experiments (model, tokenizer, world, behaviour multiplier, checkpoints)."""
 from __future__ import annotations
 
+import dataclasses
+
 import ml_collections
+
+from mercury_jax.envs.behaviour import BehaviourConfig
 
 
 def base_config(pipeline: str, arg: str | None) -> tuple[ml_collections.ConfigDict, bool]:
@@ -59,10 +63,6 @@ def world_config(tiny: bool, name: str = "enterprise") -> ml_collections.ConfigD
 
 def behaviour_config() -> ml_collections.ConfigDict:
     """The behaviour multiplier's strengths and thresholds (`mercury_jax.envs.behaviour.BehaviourConfig`)."""
-    import dataclasses
-
-    from mercury_jax.envs.behaviour import BehaviourConfig
-
     return ml_collections.ConfigDict(dataclasses.asdict(BehaviourConfig()))
 
 

@@ -74,15 +74,14 @@ def trajectory_metrics(trajectories: list[Trajectory]) -> dict:
     }
 
 
-def write_eval_summary(evals_path: Path, out: Path) -> dict | None:
-    """Compare the last held-out evaluation with the warm start's, paired task by task (the same tasks and
-    sampling seeds at every evaluation, so per-task difficulty cancels); print it and write it as JSON."""
+def write_eval_summary(evals: list[dict], out: Path) -> dict | None:
+    """Compare the last held-out evaluation with the first (the warm start's), paired task by task (the same tasks
+    and sampling seeds at every evaluation, so per-task difficulty cancels); print it and write it as JSON."""
     from mercury_jax.evaluation import discordant_counts, mcnemar_exact, paired_difference
 
-    evals = [json.loads(line) for line in evals_path.read_text().splitlines() if line.strip()]
-    first, last = evals[0], evals[-1]
-    if len(evals) < 2 or "task_all_effects_pass" not in first or first["task_ids"] != last["task_ids"]:
+    if len(evals) < 2 or "task_all_effects_pass" not in evals[0] or evals[0]["task_ids"] != evals[-1]["task_ids"]:
         return None
+    first, last = evals[0], evals[-1]
     paired = paired_difference(first["task_rewards"], last["task_rewards"])
     passed_before, passed_after = first["task_all_effects_pass"], last["task_all_effects_pass"]
     lost, gained = discordant_counts(passed_before, passed_after)
@@ -268,8 +267,8 @@ def run_sao(config: ml_collections.ConfigDict, workdir: Path):
         final = evaluate("after SAO")
         with evals_path.open("a") as f:
             f.write(json.dumps({"step": cfg.steps, **final}) + "\n")
-        write_eval_summary(evals_path, workdir / "sao" / "eval_summary.json")
         evaluations = [json.loads(line) for line in evals_path.read_text().splitlines() if line.strip()]
+        write_eval_summary(evaluations, workdir / "sao" / "eval_summary.json")
         plot_evaluations(evaluations, workdir / "sao" / "sao_heldout.png",
                          title=f"SAO held-out evaluations ({len(eval_tasks)} tasks, the same seeds each time)")
     logger.plot(["reward", "all_effects_pass", "truncation_rate", "response_length", "value_loss",
