@@ -77,7 +77,7 @@ def trajectory_metrics(trajectories: list[Trajectory]) -> dict:
 def write_eval_summary(evals: list[dict], out: Path) -> dict | None:
     """Compare the last held-out evaluation with the first (the warm start's), paired task by task (the same tasks
     and sampling seeds at every evaluation, so per-task difficulty cancels); print it and write it as JSON."""
-    from mercury_jax.evaluation import discordant_counts, mcnemar_exact, paired_difference
+    from mercury_jax.evaluation import discordant_counts, paired_difference, sign_test
 
     if len(evals) < 2 or "task_all_effects_pass" not in evals[0] or evals[0]["task_ids"] != evals[-1]["task_ids"]:
         return None
@@ -86,8 +86,7 @@ def write_eval_summary(evals: list[dict], out: Path) -> dict | None:
     passed_before, passed_after = first["task_all_effects_pass"], last["task_all_effects_pass"]
     lost, gained = discordant_counts(passed_before, passed_after)
     passes = {"start": sum(passed_before) / len(passed_before), "end": sum(passed_after) / len(passed_after),
-              "gained": gained, "lost": lost, "p_mcnemar_greater": mcnemar_exact(passed_before, passed_after,
-                                                                                 "greater")}
+              "gained": gained, "lost": lost, "p_mcnemar_greater": sign_test(gained, lost, "greater")}
     summary = {"start": {k: first[k] for k in ("step", "label", "reward", "reward_sem")},
                "end": {k: last[k] for k in ("step", "label", "reward", "reward_sem")}, "paired": paired,
                "all_effects_pass": passes}
