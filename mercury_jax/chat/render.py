@@ -24,19 +24,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mercury_jax.chat.special_tokens import IM_END, IM_START, THINK, THINK_END, TOOL_CALL, TOOL_CALL_END
-
-TOOLS_HEADER = "# Tools\n\nYou can call the functions described below.\n\n<tools>"
-TOOLS_FOOTER = "\n</tools>"
-TOOLS_INSTRUCTIONS = (
-    "\n\nTo call a function, write one block of exactly this form per call, and nothing after the last block:\n\n"
-    "<tool_call>\n<function=function_name>\n<parameter=argument_name>\nvalue\n</parameter>\n"
-    "<parameter=other_argument>\na value may span\nseveral lines\n</parameter>\n</function>\n</tool_call>\n\n"
-    "Rules:\n"
-    "- Give every required argument; write objects and arrays as JSON, everything else as plain text.\n"
-    "- Explain yourself, if at all, before the first call, never after the last one.\n"
-    "- When no function helps, answer in plain text and do not mention functions."
-)
-
+from mercury_jax.chat.template import render_chat_template
+from mercury_jax.chat.tools_block import TOOLS_FOOTER, TOOLS_HEADER, TOOLS_INSTRUCTIONS, normalize_tool_call
 
 def render(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None, *,
            add_generation_prompt: bool = True, enable_thinking: bool = True,
@@ -47,8 +36,6 @@ def render(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, A
     the way transformers does, so the model sees exactly its training format.
     """
     if chat_template is not None:
-        from mercury_jax.chat.template import render_chat_template
-
         return render_chat_template(chat_template, messages, tools, add_generation_prompt=add_generation_prompt,
                                     enable_thinking=enable_thinking)
     messages = [normalize_message(m) for m in messages]
@@ -149,22 +136,6 @@ def normalize_message(message: Mapping[str, Any]) -> dict[str, Any]:
     if message.get("tool_calls"):
         out["tool_calls"] = [normalize_tool_call(c) for c in message["tool_calls"]]
     return out
-
-
-def normalize_tool_call(call: Any) -> dict[str, Any]:
-    if not isinstance(call, Mapping):
-        call = {"name": call.name, "arguments": call.arguments}
-    if isinstance(call.get("function"), Mapping):
-        call = call["function"]
-    arguments = call.get("arguments") or {}
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"tool call {call.get('name')!r} has arguments that are not JSON: {error}") from None
-    if not isinstance(arguments, Mapping):
-        raise ValueError(f"tool call {call.get('name')!r} has arguments {arguments!r}; expected an object")
-    return {"name": call["name"], "arguments": dict(arguments)}
 
 
 def content_text(content: Any) -> str:

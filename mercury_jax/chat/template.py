@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from mercury_jax.chat.render import TOOLS_FOOTER, TOOLS_HEADER, TOOLS_INSTRUCTIONS, normalize_tool_call
+from mercury_jax.chat.tools_block import TOOLS_FOOTER, TOOLS_HEADER, TOOLS_INSTRUCTIONS, normalize_tool_call
 
 
 def load_chat_template(path: str | Path) -> str | None:

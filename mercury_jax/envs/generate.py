@@ -2,7 +2,6 @@
 
     python -m mercury_jax.envs.generate --world enterprise --worlds 3865 --tasks-per-world 10 --out DIR
     python -m mercury_jax.envs.generate --world browse --worlds 1000 --tasks-per-world 10 --out DIR
-    python -m mercury_jax.envs.generate --benchmark --out DIR     # both full corpora, timed, into BENCHMARKS.md
 
 World seeds are `first_seed .. first_seed + worlds - 1`; shard k holds worlds [k*S, (k+1)*S) (`--shard-worlds` S)
 as `DIR/{world}-{k:05d}-of-{n:05d}.jsonl`, written to a temporary file and renamed, with its statistics next to
@@ -146,37 +145,6 @@ def _progress(total: int, enabled: bool, desc: str):
     return tqdm(total=total, desc=desc, unit="world", file=sys.stderr, mininterval=1.0)
 
 
-def benchmark(out: str | Path, worlds: int = 3865, tasks_per_world: int = 10) -> str:
-    """Generate both full corpora from scratch (fresh subdirectories of `out`), time them, and write the
-    `worlds` section of BENCHMARKS.md. Returns the markdown table."""
-    import shutil
-
-    from mercury_jax.bench.report import markdown_table, write_section
-
-    rows = []
-    for world in ("enterprise", "browse"):
-        target = Path(out) / f"bench-{world}"
-        shutil.rmtree(target, ignore_errors=True)
-        start = time.perf_counter()
-        summary = generate(world, worlds, tasks_per_world, target, progress=False)
-        seconds = time.perf_counter() - start
-        rows.append([world, worlds, summary["tasks"], round(seconds, 1), round(summary["tasks"] / seconds),
-                     round(summary["bytes"] / 1e6, 1), summary["shards"],
-                     f"{summary['tool_count_min']}-{summary['tool_count_max']} (mean {summary['tool_count_mean']})",
-                     len(summary["templates"])])
-    table = markdown_table(["world", "worlds", "tasks", "seconds", "tasks/s", "MB (JSONL)", "shards",
-                            "tools per task", "templates / hop counts"], rows)
-    checks = [verify_oracle(Path(out) / "bench-enterprise"), verify_oracle(Path(out) / "bench-browse", limit=1000)]
-    table += "\n\n" + markdown_table(["oracle check", "all_effects_pass", "tasks checked", "seconds"],
-                                     [[w, p, n, round(t, 1)] for w, p, n, t in checks])
-    body = (table + "\n\nSingle process, deterministic (`json.dumps(sort_keys=True)` lines), written as 100-world "
-            "shards with per-shard statistics; enterprise tasks carry their effects and oracle script, browse tasks "
-            "rebuild their corpus from the seed.")
-    write_section("worlds", "World and task corpus generation", body,
-                  f"python -m mercury_jax.envs.generate --benchmark --out {out}")
-    return table
-
-
 def verify_oracle(directory: str | Path, limit: int | None = None) -> tuple[str, int, int, float]:
     """Replay the oracle on the first `limit` tasks of a corpus (all when None), directly on the state:
     (world, tasks with all_effects_pass, tasks checked, seconds)."""
@@ -204,7 +172,6 @@ def verify_oracle(directory: str | Path, limit: int | None = None) -> tuple[str,
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--benchmark", action="store_true", help="time both full corpora; write BENCHMARKS.md")
     parser.add_argument("--world", choices=("enterprise", "browse"))
     parser.add_argument("--worlds", type=int, default=3865)
     parser.add_argument("--tasks-per-world", type=int, default=10)
@@ -214,12 +181,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--shard-worlds", type=int, default=100)
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
-    if args.benchmark:
-        table = benchmark(args.out, args.worlds, args.tasks_per_world)
-        print(table)
-        return {"table": table}
     if args.world is None:
-        parser.error("--world is required (or use --benchmark)")
+        parser.error("--world is required (the timed benchmark of both corpora is python -m mercury_jax.bench.worlds)")
     summary = generate(args.world, args.worlds, args.tasks_per_world, args.out, preset=args.preset,
                        first_seed=args.first_seed, shard_worlds=args.shard_worlds, progress=not args.no_progress)
     print(f"{summary['tasks']} {args.world} tasks from {args.worlds} worlds in {summary['shards']} shards, "
