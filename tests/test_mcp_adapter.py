@@ -104,14 +104,35 @@ def test_server_side_unknown_tool_without_local_schemas():
     assert observation.is_error and observation.executed and "nope" in observation.text
 
 
-def test_build_server_rejects_sync_and_duplicate_tools():
-    def sync_tool(x: int) -> int:
-        """Sync."""
-        return x
-    with pytest.raises(TypeError, match="async def"):
-        build_server([sync_tool])
+def test_build_server_rejects_duplicate_and_non_callable_tools():
     with pytest.raises(ValueError, match="unique"):
         build_server([search_tickets, search_tickets])
+    with pytest.raises(TypeError, match="not a function"):
+        build_server({"x": "not callable"})
+
+
+def test_sync_tools_run_in_threads_with_the_same_schema():
+    import threading
+
+    loop_thread = []
+
+    def add(a: int, b: int = 2) -> str:
+        """Add two integers."""
+        loop_thread.append(threading.current_thread() is threading.main_thread())
+        if a < 0:
+            raise ToolError("a must be >= 0")
+        return str(a + b)
+
+    async def main():
+        async with MCPToolbox(build_server([add])) as toolbox:
+            tools = await toolbox.list_tools()
+            return tools, await toolbox.call_all(calls_of(call_text("add", a="3") + call_text("add", a="-1"), tools))
+    tools, (ok, refused) = run(main())
+    assert tools[0]["function"]["description"] == "Add two integers."
+    assert tools[0]["function"]["parameters"]["properties"]["b"] == {"default": 2, "type": "integer"}
+    assert (ok.text, ok.is_error, ok.failure) == ("5", False, None)
+    assert refused.is_error and "a must be >= 0" in refused.text and refused.failure is None
+    assert loop_thread == [False, False]  # never on the event loop's (main) thread
 
 
 def test_toolbox_must_be_opened():
