@@ -51,6 +51,29 @@ def test_filter_keeps_exactly_the_reference_set(temperature, top_k, top_p):
     np.testing.assert_allclose(filtered[list(kept)], LOGITS[list(kept)] / temperature, rtol=1e-6)
 
 
+# Sorted probabilities 1/2, 1/4, 1/8, 1/16, 1/16 (tokens 1, 3, 0, then 2 and 4 tied): the logits are multiples of
+# float32(ln 2), and XLA's float32 softmax of them is exactly these powers of two (asserted below), so the mass before
+# each sorted position (0, 1/2, 3/4, 7/8, 15/16) is exact and top_p can equal it exactly.
+LN2 = np.float32(np.log(2.0))
+POWER_OF_TWO_LOGITS = np.array([-2 * LN2, 0.0, -3 * LN2, -LN2, -3 * LN2], np.float32)
+
+
+@pytest.mark.parametrize("top_p,kept", [
+    (0.5, {1}),           # token 1 alone has mass 1/2 = p: it reaches p, nothing more is needed
+    (0.75, {1, 3}),       # 1/2 + 1/4 = p exactly
+    (0.875, {1, 3, 0}),   # 7/8 exactly; keeping "mass before <= p" would add the tied tokens 2 and 4
+    (0.5000001, {1, 3}),  # just past an exact mass: one more token
+])
+def test_top_p_stops_at_exact_mass_equality(top_p, kept):
+    """The nucleus is the smallest set whose mass reaches p: a token whose preceding mass already equals p is out."""
+    probs = np.asarray(jax.nn.softmax(jnp.asarray(POWER_OF_TWO_LOGITS)))
+    np.testing.assert_array_equal(probs, [0.125, 0.5, 0.0625, 0.25, 0.0625])  # the exactness this test relies on
+    filtered = np.asarray(filter_logits(jnp.asarray(POWER_OF_TWO_LOGITS[None]), jnp.ones(1), jnp.zeros(1, jnp.int32),
+                                        jnp.asarray([top_p], jnp.float32)))[0]
+    assert set(np.flatnonzero(np.isfinite(filtered)).tolist()) == kept
+    np.testing.assert_array_equal(filtered[sorted(kept)], POWER_OF_TWO_LOGITS[sorted(kept)])
+
+
 def test_rows_use_their_own_parameters():
     """Four rows, four settings, one call: each row matches its own reference set."""
     logits = np.stack([LOGITS, LOGITS[::-1], LOGITS * 2, LOGITS])
@@ -72,7 +95,12 @@ def test_sampled_tokens_lie_in_the_allowed_set_and_cover_it(temperature, top_k, 
     allowed = allowed_set(LOGITS, temperature, top_k, top_p)
     drawn = set(np.asarray(tokens).tolist())
     assert drawn == allowed  # never outside; with 20k draws every kept token (p >= 1%) shows up
-    assert np.all(np.isfinite(np.asarray(sampling_lp)))
+    # the sampling log-prob is the renormalised tempered distribution over the allowed set (float64 reference)
+    kept = sorted(allowed)
+    scaled = LOGITS[kept].astype(np.float64) / temperature
+    log_softmax_kept = dict(zip(kept, scaled - scaled.max() - np.log(np.exp(scaled - scaled.max()).sum())))
+    np.testing.assert_allclose(np.asarray(sampling_lp), [log_softmax_kept[t] for t in np.asarray(tokens).tolist()],
+                               atol=1e-6)
 
 
 def test_frequencies_follow_the_tempered_distribution():
