@@ -4,15 +4,20 @@ Import reads a directory holding one `model.safetensors` or shards listed in `mo
 tensor by tensor through safetensors' lazy slices: host memory holds at most one of our (layer-stacked) tensors
 and the HF tensor it is being built from, never the whole checkpoint. Both name prefixes (`model.` and the
 released `model.language_model.`) and both expert layouts (fused, unfused) load; `model.visual.*` and `mtp.*` are
-skipped with a log line. Export writes the released text-only layout: a composite `config.json`,
-`model.language_model.*` + `lm_head.weight`, sharded safetensors with an index; `A_log` and the GDN norm weight
-stay fp32 unless `round_fp32_tensors=True`.
+skipped with a log line. A damaged or inconsistent checkpoint raises a `CheckpointError` subclass naming the
+tensor or file and the fix (`checkpoint_reader` checks the files; here: shapes, dtypes, NaN/inf).
+
+Export writes the released text-only layout: a composite `config.json`, `model.language_model.*` +
+`lm_head.weight`, sharded safetensors with an index; `A_log` and the GDN norm weight stay fp32 unless
+`round_fp32_tensors=True`. It replaces an existing export atomically (`atomic_dir`): a reader finds the old export
+or the new one, whole, whatever instant the writer is killed at.
 """
 from __future__ import annotations
 
 import json
 import logging
 import re
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Iterator
 
@@ -21,82 +26,30 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from flax import nnx
-from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from models.qwen35_moe.atomic_dir import committed_dir, replace_directory
+from models.qwen35_moe.checkpoint_errors import (CheckpointDtypeError, CheckpointError, CorruptShardError,
+                                                 DuplicateTensorError, MissingShardError, NonFiniteWeightError,
+                                                 ShardIndexError, ShardPathError, SymlinkLoopError)
+from models.qwen35_moe.checkpoint_reader import INDEX_NAME, CheckpointReader, check_file
 from models.qwen35_moe.config import Qwen35MoeConfig
 from models.qwen35_moe.hf_layout import (TensorSpec, experts_hf_tensors, gdn_fused_tensors, layer_specs,
                                          top_specs)
 from models.qwen35_moe.model import Qwen35MoeForCausalLM
 
+__all__ = ["CheckpointDtypeError", "CheckpointError", "CheckpointReader", "CorruptShardError",
+           "DuplicateTensorError", "MissingShardError", "NonFiniteWeightError", "ShardIndexError", "ShardPathError",
+           "SymlinkLoopError", "hf_tensors", "load_hf", "save_hf"]
+
 log = logging.getLogger(__name__)
 
-SKIPPED_PREFIXES = ("model.visual.", "mtp.", "model.mtp.")
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors dtype codes a weight may be stored in
 FP32_TENSOR_SUFFIXES = ("linear_attn.A_log", "linear_attn.norm.weight")
 EXPORT_PREFIX = "model.language_model."
-
-
-class CheckpointError(ValueError):
-    """A checkpoint does not match the configuration: names the tensor, the expected and the found shape."""
-
-
-class CheckpointReader:
-    """Lazy access to the tensors of an HF safetensors checkpoint directory (single file or sharded)."""
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        index = self.path / "model.safetensors.index.json"
-        if index.exists():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            missing_files = sorted({f for f in weight_map.values() if not (self.path / f).exists()})
-            if missing_files:
-                raise CheckpointError(f"{index} lists shard files that do not exist: {missing_files}")
-            self.name_to_file = {name: self.path / f for name, f in weight_map.items()}
-        else:
-            files = sorted(self.path.glob("*.safetensors"))
-            if not files:
-                raise CheckpointError(f"no *.safetensors files and no model.safetensors.index.json in {self.path}")
-            self.name_to_file = {}
-            for file in files:
-                with safe_open(file, framework="numpy") as f:
-                    self.name_to_file.update({name: file for name in f.keys()})
-        self.skipped = sorted(n for n in self.name_to_file if n.startswith(SKIPPED_PREFIXES))
-        if self.skipped:
-            towers = sorted({n.split(".")[0] if n.startswith("mtp.") else ".".join(n.split(".")[:2])
-                             for n in self.skipped})
-            log.info("skipping %d tensors of non-text towers (%s)", len(self.skipped), ", ".join(towers))
-        self.prefix = "model.language_model." if any(n.startswith("model.language_model.")
-                                                     for n in self.name_to_file) else "model."
-        self.used: set[str] = set()
-        self._handles: dict[Path, object] = {}
-
-    def full_name(self, name: str, layer_prefix: str = "") -> str:
-        return name[1:] if name.startswith("/") else self.prefix + layer_prefix + name
-
-    def has(self, name: str) -> bool:
-        return name in self.name_to_file
-
-    def shape(self, full_name: str) -> tuple[int, ...]:
-        return tuple(self._open(full_name).get_slice(full_name).get_shape())
-
-    def fetch(self, full_name: str, rows: tuple[int, int] | None = None, axis: int = 0) -> np.ndarray:
-        handle = self._open(full_name)
-        self.used.add(full_name)
-        if rows is None:
-            return handle.get_tensor(full_name)
-        index = (slice(None),) * axis + (slice(*rows),)
-        return handle.get_slice(full_name)[index]
-
-    def unused(self) -> list[str]:
-        return sorted(set(self.name_to_file) - self.used - set(self.skipped))
-
-    def _open(self, full_name: str):
-        if full_name not in self.name_to_file:
-            raise KeyError(full_name)
-        file = self.name_to_file[full_name]
-        if file not in self._handles:
-            self._handles[file] = safe_open(file, framework="numpy").__enter__()
-        return self._handles[file]
+# What an export writes (replaced on overwrite); other entries of an existing export directory are kept. The last
+# pattern is the temporary shard name of earlier, non-atomic versions of `save_hf`.
+EXPORT_FILE_PATTERNS = ("model*.safetensors", INDEX_NAME, "config.json", "model-part-*.safetensors.tmp")
 
 
 def _layer_experts_layout(reader: CheckpointReader, layer: int) -> str:
@@ -109,8 +62,11 @@ def _layer_experts_layout(reader: CheckpointReader, layer: int) -> str:
                           f"(fused) or {base}0.gate_proj.weight (unfused)")
 
 
-def _read_spec(reader: CheckpointReader, spec: TensorSpec, layer_prefix: str, what: str) -> np.ndarray:
+def _read_spec(reader: CheckpointReader, spec: TensorSpec, layer_prefix: str, what: str
+               ) -> tuple[np.ndarray, list[str]]:
+    """Our array for `spec` and the full HF names it was built from."""
     expected = dict(zip(spec.hf_names, spec.hf_shapes))
+    sources = []
     for name in spec.hf_names:
         full = reader.full_name(name, layer_prefix)
         if not reader.has(full):
@@ -119,11 +75,40 @@ def _read_spec(reader: CheckpointReader, spec: TensorSpec, layer_prefix: str, wh
         if found != tuple(expected[name]):
             raise CheckpointError(f"tensor {full} has shape {found}, expected {tuple(expected[name])} "
                                   f"({what}); the checkpoint does not match its config")
+        stored = reader.dtype(full)
+        if stored not in FLOAT_DTYPES:
+            raise CheckpointDtypeError(
+                f"tensor {full} in {reader.file_of(full)} is stored as {stored}, not a float dtype "
+                f"({'/'.join(FLOAT_DTYPES)}); casting it to float would load wrong weights for {what}. A quantized "
+                f"checkpoint must be dequantized first; otherwise re-export the checkpoint in bf16 or fp32")
+        sources.append(full)
 
     def fetch(name, rows=None, axis=0):
         return reader.fetch(reader.full_name(name, layer_prefix), rows=rows, axis=axis)
 
-    return spec.read(fetch)
+    return spec.read(fetch), sources
+
+
+def _all_finite(value: np.ndarray, chunk: int = 1 << 24) -> bool:
+    """No NaN/inf in `value`; checked in chunks so the boolean temporary stays small for stacked expert weights."""
+    flat = value.reshape(-1)
+    return all(np.isfinite(flat[i:i + chunk]).all() for i in range(0, flat.size, chunk))
+
+
+def _raise_nonfinite(reader: CheckpointReader, sources: list[str], what: str, dtype) -> None:
+    """Name the HF tensor holding NaN/inf (re-read on this error path only), or report an overflowing cast."""
+    for full in dict.fromkeys(sources):
+        tensor = reader.fetch(full)
+        if _all_finite(tensor):
+            continue
+        n_nan, n_inf = int(np.isnan(tensor).sum()), int(np.isinf(tensor).sum())
+        raise NonFiniteWeightError(
+            f"tensor {full} in {reader.file_of(full)} holds {n_nan} NaN and {n_inf} inf values (of {tensor.size}); "
+            f"the checkpoint is damaged or comes from a diverged run: re-download it or export an earlier "
+            f"checkpoint (pass allow_nonfinite=True to load it anyway)")
+    raise NonFiniteWeightError(
+        f"{what}: the checkpoint's {', '.join(dict.fromkeys(sources))} are finite but overflow "
+        f"{jnp.dtype(dtype).name} when cast; load with dtype=jnp.float32 (or pass allow_nonfinite=True)")
 
 
 def _layer_index_of(path: tuple, cfg: Qwen35MoeConfig) -> tuple[list[int], tuple]:
@@ -138,21 +123,38 @@ def _layer_index_of(path: tuple, cfg: Qwen35MoeConfig) -> tuple[list[int], tuple
 
 
 def load_hf(path: str | Path, *, dtype=jnp.float32, mesh=None, rules=None, strict: bool = True,
-            **runtime) -> Qwen35MoeForCausalLM:
+            allow_nonfinite: bool = False, **runtime) -> Qwen35MoeForCausalLM:
     """Load an HF Qwen3.5-MoE checkpoint directory into our model with parameters in `dtype`.
 
     `runtime` sets our config fields (compute `dtype` name is `compute_dtype=...`, remat_policy, ...). With a
     `mesh`, each parameter is placed with its logical-axis sharding as soon as it is built. `strict` makes
-    unexpected tensors an error (they are listed); otherwise they are logged.
+    unexpected tensors an error (they are listed); otherwise they are logged. Every parameter is checked for
+    NaN/inf as it is built (after the cast to `dtype`); `allow_nonfinite=True` skips the check. A directory whose
+    `save_hf` was interrupted loads the export that save left committed (see `atomic_dir`).
     """
-    path = Path(path)
-    if not (path / "config.json").exists():
-        raise CheckpointError(f"{path} has no config.json; pass the directory of an HF Qwen3.5-MoE checkpoint")
+    requested = Path(path)
+    path = committed_dir(requested)
+    if not check_file(path / "config.json", "the model config"):
+        raise CheckpointError(f"{requested} has no config.json; pass the directory of an HF Qwen3.5-MoE checkpoint")
+    try:
+        hf_config = json.loads((path / "config.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CorruptShardError(f"{path / 'config.json'} is not valid JSON ({error}); re-download it or re-export "
+                                f"the checkpoint") from None
     compute = runtime.pop("compute_dtype", None)
     if compute is not None:
         runtime["dtype"] = jnp.dtype(compute).name
-    cfg = Qwen35MoeConfig.from_hf(path, param_dtype=jnp.dtype(dtype).name, **runtime)
+    cfg = Qwen35MoeConfig.from_hf(hf_config, param_dtype=jnp.dtype(dtype).name, **runtime)
     reader = CheckpointReader(path)
+    try:
+        return _build(reader, cfg, dtype=dtype, mesh=mesh, rules=rules, strict=strict,
+                      allow_nonfinite=allow_nonfinite)
+    finally:
+        reader.close()
+
+
+def _build(reader: CheckpointReader, cfg: Qwen35MoeConfig, *, dtype, mesh, rules, strict: bool,
+           allow_nonfinite: bool) -> Qwen35MoeForCausalLM:
     abstract = nnx.eval_shape(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0)))
     graphdef, abstract_state = nnx.split(abstract)
     if mesh is not None:
@@ -164,6 +166,7 @@ def load_hf(path: str | Path, *, dtype=jnp.float32, mesh=None, rules=None, stric
     flat = nnx.to_flat_state(abstract_state)
     for var_path, variable in flat:
         layers, inner = _layer_index_of(tuple(var_path), cfg)
+        sources: list[str] = []
         if layers:
             parts = []
             for layer in layers:
@@ -171,16 +174,20 @@ def load_hf(path: str | Path, *, dtype=jnp.float32, mesh=None, rules=None, stric
                     layouts[layer] = _layer_experts_layout(reader, layer)
                 specs = {s.path: s for s in layer_specs(cfg, cfg.layer_types[layer], layouts[layer])}
                 spec = specs[inner]
-                parts.append(_read_spec(reader, spec, f"layers.{layer}.",
-                                        f"{cfg.layer_types[layer]} layer {layer}, our {'.'.join(map(str, inner))}"))
+                part, names = _read_spec(reader, spec, f"layers.{layer}.", f"{cfg.layer_types[layer]} layer "
+                                         f"{layer}, our {'.'.join(map(str, inner))}")
+                parts.append(part)
+                sources += names
             value = np.stack(parts) if tuple(var_path[:2]) == ("model", "blocks") else parts[0]
         else:
             spec = top[tuple(var_path)]
-            value = _read_spec(reader, spec, "", "top-level " + ".".join(map(str, var_path)))
+            value, sources = _read_spec(reader, spec, "", "top-level " + ".".join(map(str, var_path)))
         if value.shape != variable.shape:
             raise CheckpointError(f"built {'.'.join(map(str, var_path))} with shape {value.shape}, model expects "
                                   f"{variable.shape}")
         value = value.astype(jnp.dtype(dtype))
+        if not allow_nonfinite and not _all_finite(value):
+            _raise_nonfinite(reader, sources, "our " + ".".join(map(str, var_path)), dtype)
         if mesh is not None:
             array = jax.device_put(value, variable_sharding(var_path, variable, mesh, rules))
         else:
@@ -259,22 +266,41 @@ def hf_tensors(model: Qwen35MoeForCausalLM, *, experts: str = "fused", prefix: s
 
 def save_hf(model: Qwen35MoeForCausalLM, path: str | Path, *, dtype=jnp.bfloat16, experts: str = "fused",
             max_shard_size: int | str = "5GB", round_fp32_tensors: bool = False, composite: bool = True) -> Path:
-    """Write `model` as an HF checkpoint directory (released text-only layout) and return its path."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+    """Write `model` as an HF checkpoint directory (released text-only layout) and return its path.
+
+    Atomic (protocol in `atomic_dir`): the export is written into the sibling `.{name}.save-new`, fsynced, and
+    swapped in for `path` by two renames; the old export is parked as `.{name}.save-old` until the swap is done.
+    Killed at any instant, `path` (as `load_hf` reads it) holds the old export or the new one, whole; the next
+    save finishes or discards the interrupted one and leaves neither sibling behind. Entries of an existing
+    `path` that an export does not write (tokenizer files, chat template, ...) are carried over by hard link;
+    its old weights, index and config are replaced. One writer per `path` at a time.
+    """
     limit = _parse_size(max_shard_size)
     np_dtype = np.dtype(ml_dtypes.bfloat16) if jnp.dtype(dtype) == jnp.bfloat16 else np.dtype(jnp.dtype(dtype).name)
     prefix = EXPORT_PREFIX if composite else "model."
-    for old in list(path.glob("model*.safetensors")) + list(path.glob("model.safetensors.index.json")):
-        old.unlink()
+    dtype_name = "bfloat16" if np_dtype == np.dtype(ml_dtypes.bfloat16) else np_dtype.name
+    config = model.config.to_hf(composite=composite, dtype=dtype_name)
 
+    def kept(name: str) -> bool:
+        return not any(fnmatch(name, pattern) for pattern in EXPORT_FILE_PATTERNS)
+
+    with replace_directory(path, keep_old=kept) as staging:
+        _write_export(model, staging, np_dtype=np_dtype, experts=experts, prefix=prefix, limit=limit,
+                      round_fp32_tensors=round_fp32_tensors)
+        (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return Path(path)
+
+
+def _write_export(model: Qwen35MoeForCausalLM, out: Path, *, np_dtype, experts: str, prefix: str, limit: int,
+                  round_fp32_tensors: bool) -> None:
+    """Shards (and an index when there are several) into the empty directory `out`."""
     # Shards are written as they fill (host memory holds one shard), then renamed once their count is known.
     parts: list[tuple[Path, list[str]]] = []
     current: dict[str, np.ndarray] = {}
     current_bytes = total = 0
 
     def flush():
-        part = path / f"model-part-{len(parts) + 1:05d}.safetensors.tmp"
+        part = out / f"model-part-{len(parts) + 1:05d}.safetensors.tmp"
         save_file(current, str(part), metadata={"format": "pt"})
         parts.append((part, list(current)))
 
@@ -289,16 +315,12 @@ def save_hf(model: Qwen35MoeForCausalLM, path: str | Path, *, dtype=jnp.bfloat16
         total += array.nbytes
     flush()
     if len(parts) == 1:
-        parts[0][0].rename(path / "model.safetensors")
-    else:
-        weight_map = {}
-        for i, (part, names) in enumerate(parts):
-            file = f"model-{i + 1:05d}-of-{len(parts):05d}.safetensors"
-            part.rename(path / file)
-            weight_map.update({name: file for name in names})
-        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-        (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    dtype_name = "bfloat16" if np_dtype == np.dtype(ml_dtypes.bfloat16) else np_dtype.name
-    config = model.config.to_hf(composite=composite, dtype=dtype_name)
-    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return path
+        parts[0][0].rename(out / "model.safetensors")
+        return
+    weight_map = {}
+    for i, (part, names) in enumerate(parts):
+        file = f"model-{i + 1:05d}-of-{len(parts):05d}.safetensors"
+        part.rename(out / file)
+        weight_map.update({name: file for name in names})
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (out / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
