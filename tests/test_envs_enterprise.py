@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from mercury_jax.envs.enterprise.effects import grade_state
+from mercury_jax.envs.enterprise.effects import check_effect, forbidden_fired, grade_state
 from mercury_jax.envs.enterprise.oracle import is_write, partial_script, run_script
 from mercury_jax.envs.enterprise.tasks import FULL_TEMPLATES, generate_tasks, initial_state
 from mercury_jax.envs.enterprise.toolkit import call_sync
@@ -67,6 +67,83 @@ def test_forbidden_effect_fails_all_effects_pass(tasks):
         assert result["forbidden_violations"] == 1
         checked += 1
     assert checked == len(tasks)
+
+
+def test_editing_a_forbidden_record_is_a_violation_too(tasks):
+    """Collateral damage that edits a bystander (rather than deleting it) is caught the same way."""
+    checked = 0
+    for task in tasks:
+        if not task["forbidden_effects"]:
+            continue
+        db = initial_state(task)
+        run_script(task, db)
+        victim = task["forbidden_effects"][0]
+        record = db[victim["collection"]][victim["id"]]
+        field = next(k for k in record if k != "id")
+        record[field] = f"{record[field]} (edited)"
+        result = grade(task, db)
+        assert result["effects_fraction"] == 1.0 and not result["all_effects_pass"], task["task_id"]
+        assert result["forbidden_violations"] == 1, task["task_id"]
+        checked += 1
+    assert checked == len(tasks)
+
+
+def test_created_effect_needs_a_new_record(tasks):
+    """A record the oracle created satisfies its `created` effect; the same record present from the start (so not
+    created in the episode) does not."""
+    checked = 0
+    for task in tasks:
+        created = [e for e in task["required_effects"] if e["kind"] == "created"]
+        if not created:
+            continue
+        initial, db = initial_state(task), initial_state(task)
+        run_script(task, db)
+        for effect in created:
+            assert check_effect(effect, initial, db), (task["task_id"], effect)
+            collection = effect["collection"]
+            already_there = {**initial, collection: {**initial[collection], **db[collection]}}
+            assert not check_effect(effect, already_there, db), (task["task_id"], effect)
+            checked += 1
+    assert checked >= 50
+
+
+def _ticket(title, status="open", tags=("billing",)):
+    return {"title": title, "status": status, "tags": list(tags)}
+
+
+CREATED_TICKET = {"kind": "created", "collection": "tickets", "where": {"status": "open"},
+                  "contains": {"title": ["refund"]}, "superset": {"tags": ["Billing"]}, "description": "a ticket"}
+
+
+@pytest.mark.parametrize("final_tickets,ok", [
+    ({"T-1": _ticket("Refund for ACME")}, False),                                      # existed before: not created
+    ({"T-1": _ticket("Refund for ACME", status="closed")}, False),                     # edited, still not created
+    ({"T-1": _ticket("Refund for ACME"), "T-2": _ticket("Refund again")}, True),       # a new matching record
+    ({"T-1": _ticket("Refund for ACME"), "T-2": _ticket("Invoice question")}, False),  # new, text missing
+    ({"T-1": _ticket("Refund for ACME"), "T-2": _ticket("refund", status="closed")}, False),  # new, where fails
+    ({"T-1": _ticket("Refund for ACME"), "T-2": _ticket("REFUND", tags=())}, False),   # new, superset fails
+])
+def test_created_effect_on_hand_built_states(final_tickets, ok):
+    initial = {"tickets": {"T-1": _ticket("Refund for ACME")}}
+    assert check_effect(CREATED_TICKET, initial, {"tickets": final_tickets}) is ok
+
+
+@pytest.mark.parametrize("final_record,fired", [
+    ({"stage": "open", "amount": 5}, False),                 # an equal copy
+    ({"stage": "won", "amount": 5}, True),                   # one field edited
+    ({"stage": "open", "amount": 5, "note": "x"}, True),     # a field added
+    (None, True),                                            # deleted
+])
+def test_unchanged_forbidden_effect_on_hand_built_states(final_record, fired):
+    effect = {"kind": "unchanged", "collection": "deals", "id": "D-1", "description": "deal D-1 is left alone"}
+    initial = {"deals": {"D-1": {"stage": "open", "amount": 5}, "D-2": {"stage": "open", "amount": 7}}}
+    final = {"deals": {"D-2": {"stage": "lost", "amount": 7}}}  # another record's edit is not this effect's business
+    if final_record is not None:
+        final["deals"]["D-1"] = final_record
+    assert forbidden_fired(effect, initial, final) is fired
+    result = grade_state([], [effect], initial, final)
+    assert result["forbidden_violations"] == int(fired)
+    assert result["details"] == [{"type": "forbidden", "description": "deal D-1 is left alone", "ok": not fired}]
 
 
 def test_hard_split_no_required_id_or_name_in_prompt(tasks):
