@@ -11,36 +11,57 @@ One semantics, used by rollouts and evaluation alike:
   A second `</think>` is an error.
 - **Content** is the reply before the first `<tool_call>` (trimmed); calls are the `<tool_call>` blocks in order.
   Non-blank text between or after the calls is an error of the turn (the calls still count).
-  `<function=` in the content, outside any `<tool_call>`, is an error and is not executed.
+  Call syntax in the content, outside any `<tool_call>` (`<function=`, `</function>`, `<parameter=`,
+  `</parameter>`, a `</tool_call>` that no `<tool_call>` opened), is an error of the turn and is not executed.
 - **A call** is `<function=NAME>` then `<parameter=ARG>VALUE</parameter>` blocks then `</function>`. A missing
   `</parameter>` is tolerated (the value ends at the next `<parameter=`, `</function>` or the block's end); a
   missing `</tool_call>` is tolerated when `</function>` is present, otherwise the call is cut off (an error).
   One leading and one trailing newline are stripped from each value.
 - **Values** are converted by the tool's JSON schema (`tools`: OpenAI-style or bare function schemas, or MCP
-  `inputSchema`s): `string` as written; `integer`, `number`; `boolean` from `true`/`True`/`false`/`False`;
-  `null` from `null`/`None`; `object`/`array` via JSON, then Python-literal fallback. A nullable schema
-  (`"type": [..., "null"]`, or `anyOf`/`oneOf` with a null branch) takes `null`/`None` as None and otherwise
-  converts by its first non-null type. With no type (or no `tools`), the value stays a string.
+  `inputSchema`s). What the format allows is what the chat template writes (`render.format_argument`): a
+  `string` parameter's raw text is the string, as written; objects and arrays are JSON; other values are
+  `str()` of the Python value, so booleans and null may be JSON or Python spelled. Accepted, nothing else:
+  `integer`: a JSON number with an integral value (`4`, `-3`, `4.0`, `1e3`; `4.5` is an error, never
+  truncated; no `+5`, `1_000` or non-ASCII digits); `number`: a finite JSON number (int when written without
+  fraction or exponent); `boolean`: `true`/`True`/`false`/`False`; `null`: `null`/`None`; `object`/`array`:
+  strict JSON (no Python literals such as `{'a': 1}` or `(1,)`, no NaN/Infinity, no number that overflows to
+  infinity, no unpaired surrogate escape), so every parsed value survives `json.dumps(..., allow_nan=False)`
+  and re-rendering. A nullable schema (`"type": [..., "null"]`, or `anyOf`/`oneOf` with a null branch) takes
+  `null`/`None` as None and otherwise converts by its first non-null type. With no type (or no `tools`), the
+  value stays a string.
 - **Call errors**: unknown tool, unknown parameter (unless `additionalProperties` allows it), repeated
   parameter, missing required parameter, unconvertible value, stray text inside the block, cut-off call.
   A call with errors is **not executed**; its `error_message()` is the observation the agent gets instead.
   `AssistantTurn.errors` lists the turn's errors and every call's (prefixed with the call), for metrics.
+- **Limits**: at most `MAX_CALLS_PER_TURN` (128) `<tool_call>` blocks per turn and `MAX_PARAMETERS_PER_CALL` (128)
+  `<parameter=` blocks per call are read; more is an error (of the turn: the rest of the reply is not read; of
+  the call: it is not executed).
+- **Cost** is linear in the length of the text, with a small constant: every scan moves forward (a search for a
+  closer is reused until the position passes it; re-searching per opener made 1 MB of unclosed `<tool_call>`
+  take over a minute), and the limits bound the per-block Python work, so 100,000 `<tool_call>`s or a call body
+  of 60,000 `<parameter=q>`s parse in milliseconds.
 """
 from __future__ import annotations
 
-import ast
 import json
 import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from mercury_jax.chat.special_tokens import ENDOFTEXT, IM_END, THINK, THINK_END, TOOL_CALL, TOOL_CALL_END
 
 FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"
 PARAMETER_OPEN, PARAMETER_CLOSE = "<parameter=", "</parameter>"
+STRAY_IN_CONTENT = (FUNCTION_OPEN, FUNCTION_CLOSE, PARAMETER_OPEN, PARAMETER_CLOSE, TOOL_CALL_END)
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")  # [0-9]: \d takes any digit
+MAX_CALLS_PER_TURN = 128
+MAX_PARAMETERS_PER_CALL = 128
+_MAX_INT_DIGITS = 4300  # Python's int <-> str limit
 _MAX_SHOWN = 80  # characters of a bad value quoted in an error
+_STOP_SUFFIX_REVERSED = re.compile("(?:\\s*(?:" + "|".join(re.escape(t[::-1]) for t in (IM_END, ENDOFTEXT)) + "))+")
 
 
 @dataclass
@@ -99,11 +120,21 @@ def parse_assistant(text: str, tools: Sequence[Mapping[str, Any]] | None = None)
     if FUNCTION_OPEN in content:
         errors.append("<function=...> outside a <tool_call> block is not a call; wrap each call in "
                       "<tool_call>...</tool_call>")
+    for marker in STRAY_IN_CONTENT[1:]:
+        if marker in content:
+            errors.append(f"stray {marker} in the content, outside any <tool_call> block: call syntax belongs "
+                          f"inside <tool_call>...</tool_call>; write plain text otherwise")
     schemas = tool_schemas(tools) if tools is not None else None
     calls: list[ToolCall] = []
+    end = -2  # the next </tool_call> at or after the current block's body; -2: not searched yet
     while start >= 0:
+        if len(calls) == MAX_CALLS_PER_TURN:
+            errors.append(f"more than {MAX_CALLS_PER_TURN} <tool_call> blocks in one turn: only the first "
+                          f"{MAX_CALLS_PER_TURN} are read; make fewer calls per turn")
+            break
         body_start = start + len(TOOL_CALL)
-        end = reply.find(TOOL_CALL_END, body_start)
+        if end == -2 or 0 <= end < body_start:
+            end = reply.find(TOOL_CALL_END, body_start)
         next_open = reply.find(TOOL_CALL, body_start)
         if end < 0 or 0 <= next_open < end:  # unclosed: the block runs to the next <tool_call> or the end
             block_end = next_open if next_open >= 0 else len(reply)
@@ -117,8 +148,11 @@ def parse_assistant(text: str, tools: Sequence[Mapping[str, Any]] | None = None)
         if between.strip():
             where = "between tool calls" if start >= 0 else "after the last </tool_call>"
             errors.append(f"text {where}: {_shown(between)}")
-    for i, call in enumerate(calls):
-        errors += [f"tool call {i + 1} ({call.name or '?'}): {e}" for e in call.errors]
+    for number, call in enumerate(calls, 1):
+        if call.errors:
+            label = f"tool call {number} ({call.name or '?'}): "
+            for error in call.errors:
+                errors.append(label + error)
     return AssistantTurn(reasoning=reasoning, content=content, tool_calls=calls, errors=errors)
 
 
@@ -136,7 +170,8 @@ def _parse_call(block: str, schemas: dict[str, dict[str, Any]] | None, *, closed
     errors: list[str] = []
     opened = block.find(FUNCTION_OPEN)
     if opened < 0:
-        return ToolCall("", {}, [f"no <function=NAME> inside <tool_call>: {_shown(block)}"], block)
+        shown = "''" if not block or block.isspace() else _shown(block)
+        return ToolCall("", {}, [f"no <function=NAME> inside <tool_call>: {shown}"], block)
     if block[:opened].strip():
         errors.append(f"text before <function=...>: {_shown(block[:opened])}")
     name_end = block.find(">", opened)
@@ -164,7 +199,8 @@ def _parse_call(block: str, schemas: dict[str, dict[str, Any]] | None, *, closed
 
 def _parse_parameters(body: str, errors: list[str]) -> dict[str, str]:
     values: dict[str, str] = {}
-    position = 0
+    repeated: set[str] = set()
+    blocks, position, closing = 0, 0, -2  # closing: the next </parameter> at or after the value; -2: not searched yet
     while True:
         opened = body.find(PARAMETER_OPEN, position)
         gap = body[position:opened if opened >= 0 else len(body)]
@@ -172,13 +208,19 @@ def _parse_parameters(body: str, errors: list[str]) -> dict[str, str]:
             errors.append(f"text outside <parameter=...> blocks: {_shown(gap)}")
         if opened < 0:
             return values
+        if blocks == MAX_PARAMETERS_PER_CALL:
+            errors.append(f"more than {MAX_PARAMETERS_PER_CALL} <parameter=...> blocks: only the first "
+                          f"{MAX_PARAMETERS_PER_CALL} are read; give each parameter once")
+            return values
+        blocks += 1
         name_end = body.find(">", opened)
         if name_end < 0:
             errors.append(f"<parameter= is not closed with '>': {_shown(body[opened:])}")
             return values
         name = body[opened + len(PARAMETER_OPEN):name_end].strip()
         value_start = name_end + 1
-        closing = body.find(PARAMETER_CLOSE, value_start)
+        if closing == -2 or 0 <= closing < value_start:
+            closing = body.find(PARAMETER_CLOSE, value_start)
         following = body.find(PARAMETER_OPEN, value_start)
         if closing >= 0 and (following < 0 or closing < following):
             value_end, position = closing, closing + len(PARAMETER_CLOSE)
@@ -191,7 +233,9 @@ def _parse_parameters(body: str, errors: list[str]) -> dict[str, str]:
         if not name:
             errors.append("a <parameter=> has an empty name")
         elif name in values:
-            errors.append(f"parameter {name!r} is given more than once")
+            if name not in repeated:  # one error per name
+                repeated.add(name)
+                errors.append(f"parameter {name!r} is given more than once")
         else:
             values[name] = value
 
@@ -234,51 +278,97 @@ def convert_value(text: str, schema: Mapping[str, Any], *, root: Mapping[str, An
     if kind == "string":
         return text
     if kind == "integer":
-        try:
-            return int(stripped)
-        except ValueError:
-            pass
-        try:
-            number = float(stripped)
-        except ValueError:
-            raise ValueError(f"expects an integer, got {_shown(text)}") from None
-        if math.isfinite(number) and number.is_integer():
-            return int(number)
-        raise ValueError(f"expects an integer, got {_shown(text)}")
+        return _integer(stripped, text)
     if kind == "number":
-        try:
-            number = int(stripped) if re.fullmatch(r"[+-]?\d+", stripped) else float(stripped)
-        except ValueError:
-            raise ValueError(f"expects a number, got {_shown(text)}") from None
-        if not math.isfinite(number):
-            raise ValueError(f"expects a finite number, got {_shown(text)}")
+        number = _json_number(stripped)
+        if number is None or not math.isfinite(number):
+            raise ValueError(f"expects a finite number (JSON, e.g. 2.5), got {_shown(text)}")
         return number
     if kind == "boolean":
-        if stripped.lower() in ("true", "false"):
+        if stripped in ("true", "True", "false", "False"):
             return stripped.lower() == "true"
         raise ValueError(f"expects true or false, got {_shown(text)}")
     if kind in ("object", "array"):
-        value = _structured(stripped)
-        if kind == "object" and isinstance(value, dict):
+        value, problem = _strict_json(stripped)
+        expected = dict if kind == "object" else list
+        if problem is None and not isinstance(value, expected):
+            problem = f"that is {_json_kind(value)}"
+        if problem is None:
             return value
-        if kind == "array" and isinstance(value, (list, tuple)):
-            return list(value)
-        raise ValueError(f"expects an {kind} (JSON or a Python literal), got {_shown(text)}")
+        example = '{"key": "value"}' if kind == "object" else '["a", 1]'
+        raise ValueError(f"expects an {kind} written as strict JSON (e.g. {example}; double-quoted strings, "
+                         f"true/false/null), got {_shown(text)}: {problem}")
     return text  # an unknown type name: leave the value to the tool's own validation
 
 
-_NOT_PARSED = object()
+def _integer(stripped: str, text: str) -> int:
+    """A JSON number with an integral value (JSON Schema's integer: 4.0 and 1e3 are integers), exactly."""
+    found = _JSON_NUMBER.fullmatch(stripped)
+    if found is None:
+        raise ValueError(f"expects an integer (JSON, e.g. 4), got {_shown(text)}")
+    if not (found.group(1) or found.group(2)):
+        if len(stripped.lstrip("-")) > _MAX_INT_DIGITS:
+            raise ValueError(f"expects an integer of at most {_MAX_INT_DIGITS} digits, got {_shown(text)}")
+        return int(stripped)
+    exact = Decimal(stripped)  # exact: float("1.0000000000000001") would be 1.0 and pass as an integer
+    if exact != exact.to_integral_value():
+        raise ValueError(f"expects an integer, got {_shown(text)}, which has a fractional part (it is not "
+                         f"rounded or truncated: write a whole number)")
+    if exact.adjusted() >= _MAX_INT_DIGITS:
+        raise ValueError(f"expects an integer of at most {_MAX_INT_DIGITS} digits, got {_shown(text)}")
+    return int(exact)
 
 
-def _structured(text: str) -> Any:
+def _json_number(stripped: str) -> int | float | None:
+    """A JSON number: int when written without fraction or exponent, else float (may overflow to inf); None
+    when `stripped` is not one."""
+    found = _JSON_NUMBER.fullmatch(stripped)
+    if found is None:
+        return None
+    if found.group(1) or found.group(2):
+        return float(stripped)
+    return int(stripped) if len(stripped.lstrip("-")) <= _MAX_INT_DIGITS else None
+
+
+def _strict_json(text: str) -> tuple[Any, str | None]:
+    """(value, None) for strict JSON whose every number is finite and every string valid Unicode (so it dumps
+    with `allow_nan=False` and encodes as UTF-8); (None, what is wrong) otherwise."""
     try:
-        return json.loads(text)
-    except Exception:  # noqa: BLE001 (RecursionError on deep nesting, ValueError, ...)
-        pass
+        value = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        return None, "nested too deeply"
+    except ValueError as error:  # JSONDecodeError, a NaN/Infinity, an int beyond the digit limit
+        return None, str(error)
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack += item.keys()
+            stack += item.values()
+        elif isinstance(item, list):
+            stack += item
+        elif isinstance(item, float) and not math.isfinite(item):
+            return None, "a number overflows to infinity"
+        elif isinstance(item, str) and not _valid_unicode(item):
+            return None, "a string holds an unpaired surrogate escape (\\ud800-\\udfff)"
+    return value, None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number; write a finite number or null")
+
+
+def _valid_unicode(text: str) -> bool:
     try:
-        return ast.literal_eval(text)
-    except Exception:  # noqa: BLE001 (SyntaxError, MemoryError, RecursionError, ValueError, ...)
-        return _NOT_PARSED
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _json_kind(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
 
 
 def _schema_types(schema: Mapping[str, Any], root: Mapping[str, Any], depth: int = 0) -> list[str]:
@@ -305,14 +395,10 @@ def _schema_types(schema: Mapping[str, Any], root: Mapping[str, Any], depth: int
 
 
 def _strip_stop_tokens(text: str) -> str:
-    while True:
-        trimmed = text.rstrip()
-        for stop in (IM_END, ENDOFTEXT):
-            if trimmed.endswith(stop):
-                text = trimmed[:-len(stop)]
-                break
-        else:
-            return text
+    """`text` without its trailing stop tokens (each with the blanks after it); blanks before them are kept.
+    One anchored match on the reversed text: stripping one token at a time copied the text per token."""
+    found = _STOP_SUFFIX_REVERSED.match(text[::-1])
+    return text[:len(text) - found.end()] if found else text
 
 
 def _shown(text: str) -> str:

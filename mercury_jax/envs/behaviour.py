@@ -9,9 +9,13 @@ Each factor lies in [0, 1], is reported separately in `parts`, and has its own s
   with tool-call blocks removed (their XML repeats by design); texts with fewer than `min_ngrams` n-grams have
   rate 0. `factor = 1 - repetition_strength * clip((rate - threshold) / (1 - threshold), 0, 1)`.
 - **post_answer_runaway**: after the turn that states the final answer (`answered_turn`, else the first turn
-  whose text matches `ANSWER_PATTERN`), every further assistant turn is one unit, and so are tool calls after the
-  answer inside that turn; trailing text after the answer line counts `chars / runaway_chars` units beyond a
-  free `runaway_chars`. `factor = max(0, 1 - runaway_strength * min(1, units))`.
+  that `states_answer`), every further assistant turn is one unit, and so are tool calls that start after the
+  answer line inside that turn (calls before it are the turn's work, not runaway); trailing text after the
+  answer line counts `chars / runaway_chars` units beyond a free `runaway_chars`.
+  `factor = max(0, 1 - runaway_strength * min(1, units))`. The answer line is searched (`ANSWER_PATTERN`) in the
+  reply (after `</think>`) outside `<tool_call>` blocks: a call's arguments ("Task done." in a message body)
+  state nothing. Every pattern here runs in linear time in the turn's length: a turn of thousands of blank
+  lines is scored in milliseconds (blanks after `^` that may span newlines: quadratic, seconds).
 - **degenerate_truncation**: `finish_reason` is a budget stop ("length", "max_tokens", "truncated"):
   `factor = 1 - truncation_strength`, or `1 - truncation_in_think_strength` when the last turn never closed
   `<think>` (such a turn has no action at all).
@@ -35,8 +39,14 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-ANSWER_PATTERN = re.compile(r"(?im)^\s*(final answer\s*:|<answer>|(the )?task (is )?(complete|done)\b)")
+from mercury_jax.envs.line_pattern import LinePattern
+
+# `[^\S\n]*` (blanks within the line), not `\s*`: the same lines match, but `^\s*` let every line start of a run
+# of blank lines rescan the whole run (quadratic; 8,000 newlines took ~3 s).
+ANSWER_PATTERN = LinePattern(r"[^\S\n]*(final answer\s*:|<answer>|(the )?task (is )?(complete|done)\b)",
+                             keywords=("final answer", "<answer>", "task"))
 TOOL_CALL_BLOCK = re.compile(r"<tool_call>.*?(</tool_call>|$)", re.S)
+WORD = re.compile(r"\w+")
 TRUNCATION_REASONS = ("length", "max_tokens", "truncated")
 
 
@@ -65,17 +75,16 @@ def behaviour_multiplier(assistant_texts: Sequence[str], *, finish_reason: str, 
     repetition = 1 - config.repetition_strength * min(1.0, max(0.0, excess))
 
     if answered_turn is None:
-        answered_turn = next((i for i, t in enumerate(assistant_texts) if ANSWER_PATTERN.search(_visible(t))), None)
+        answered_turn = next((i for i, t in enumerate(assistant_texts) if states_answer(t)), None)
     turns_after, trailing_chars, calls_after = 0, 0, 0
     if answered_turn is not None and answered_turn < len(assistant_texts):
         turns_after = len(assistant_texts) - 1 - answered_turn
         visible = _visible(assistant_texts[answered_turn])
-        marker = ANSWER_PATTERN.search(visible)
-        if marker:
-            line_end = visible.find("\n", marker.end())
-            tail = visible[line_end:] if line_end >= 0 else ""
-            calls_after = len(TOOL_CALL_BLOCK.findall(tail))
-            trailing_chars = len(TOOL_CALL_BLOCK.sub("", tail).strip())
+        span = answer_span(visible)
+        if span is not None:
+            marker_end, line_end = span
+            calls_after = len(TOOL_CALL_BLOCK.findall(visible, marker_end))
+            trailing_chars = len(TOOL_CALL_BLOCK.sub("", visible[line_end:]).strip())
     units = turns_after + calls_after + max(0, trailing_chars - config.runaway_chars) / config.runaway_chars
     runaway = max(0.0, 1 - config.runaway_strength * min(1.0, units))
 
@@ -99,9 +108,28 @@ def behaviour_multiplier(assistant_texts: Sequence[str], *, finish_reason: str, 
     return repetition * runaway * truncation * turn_budget * collateral * malformed, parts
 
 
+def states_answer(text: str) -> bool:
+    """Whether the reply of a raw turn (after `</think>`) has an answer line outside its `<tool_call>` blocks."""
+    return answer_span(_visible(text)) is not None
+
+
+def answer_span(reply: str) -> tuple[int, int] | None:
+    """(end of the answer marker, end of its line) for the first `ANSWER_PATTERN` line of `reply` outside
+    tool-call blocks, or None. Blocks are masked with a non-blank character of their length, so positions stay
+    as written and a block's own lines (its arguments) can neither hold the answer nor end the answer line."""
+    masked = TOOL_CALL_BLOCK.sub(lambda m: "\x00" * len(m.group()), reply)
+    marker = ANSWER_PATTERN.search(masked)
+    if marker is None:
+        return None
+    line_end = masked.find("\n", marker.end())
+    return marker.end(), line_end if line_end >= 0 else len(reply)
+
+
 def repetition_rate(texts: Sequence[str], n: int = 4, min_ngrams: int = 8) -> float:
     """1 - unique/total word n-grams over `texts` (tool-call blocks removed); 0 for short texts."""
-    words = [w.lower() for t in texts for w in re.findall(r"\w+", TOOL_CALL_BLOCK.sub(" ", t))]
+    # Blank runs collapsed first (str.split, ~100x faster than the regex engine over 1 MB of spaces); words never
+    # hold blanks, so the words are the same.
+    words = [w.lower() for t in texts for w in WORD.findall(" ".join(TOOL_CALL_BLOCK.sub(" ", t).split()))]
     grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
     if len(grams) < min_ngrams:
         return 0.0

@@ -1,7 +1,8 @@
 """Browsing tasks: per corpus seed, questions with gold answers and evidence pages, as plain JSON.
 
 The corpus is rebuilt from `seed` and `corpus_config` (`task_corpus`, cached per process). The agent must end
-with one line `Final answer: <answer>` (`ANSWER_LINE`); `extract_answer` reads it back.
+with one line `Final answer: <answer>` (`ANSWER_LINE`); `extract_answer` reads it back. A `Final answer:` with
+nothing non-blank after it is no answer line; every pattern applied to model output here runs in linear time.
 """
 from __future__ import annotations
 
@@ -11,9 +12,13 @@ import re
 from dataclasses import asdict
 
 from mercury_jax.envs.browse.corpus import CorpusConfig, generate_corpus, generate_questions
+from mercury_jax.envs.line_pattern import LinePattern
 
 BROWSE_TOOLS = ["find", "open", "search"]
-ANSWER_LINE = re.compile(r"(?im)^\s*final answer\s*:\s*(.+?)\s*$")
+# The answer is the first non-blank text after the colon (it may start on a later line) to the end of its line,
+# trailing blanks dropped. Linear time: `[^\S\n]*` after `^` (not `\s*`, which let every line of a blank run rescan
+# the run) and `\S(?:.*\S)?` (not `(.+?)\s*$`, which rescanned a run of blanks inside the line once per blank).
+ANSWER_LINE = LinePattern(r"[^\S\n]*final answer\s*:\s*(\S(?:.*\S)?)", keywords=("final answer",))
 SYSTEM_PROMPT = ("Answer the question using the search, open and find tools over the encyclopedia. Base the answer "
                  "only on page text you have seen. When you know it, stop and reply with one line: "
                  "Final answer: <answer>")
