@@ -14,6 +14,8 @@ or the new one, whole, whatever instant the writer is killed at.
 """
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import logging
 import re
@@ -153,10 +155,17 @@ def load_hf(path: str | Path, *, dtype=jnp.float32, mesh=None, rules=None, stric
         reader.close()
 
 
+@functools.lru_cache(maxsize=8)
+def _abstract_model(cfg: Qwen35MoeConfig):
+    """Graph and abstract state of the model for `cfg`: tracing the init takes seconds, so it is done once per
+    config (callers copy the state before filling it)."""
+    return nnx.split(nnx.eval_shape(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0))))
+
+
 def _build(reader: CheckpointReader, cfg: Qwen35MoeConfig, *, dtype, mesh, rules, strict: bool,
            allow_nonfinite: bool) -> Qwen35MoeForCausalLM:
-    abstract = nnx.eval_shape(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0)))
-    graphdef, abstract_state = nnx.split(abstract)
+    graphdef, cached_state = _abstract_model(cfg)
+    abstract_state = copy.deepcopy(cached_state)  # its variables are filled in place below
     if mesh is not None:
         from mercury_jax.parallel.sharding import DEFAULT_RULES, variable_sharding
         rules = rules or DEFAULT_RULES
