@@ -118,11 +118,24 @@ class RolloutWorker:
 
     def publish(self, params_state, version: int) -> None:
         """New weights (an `nnx.State` of the model or of its params, or a model of the same structure) for tokens
-        sampled from the next decode chunk on. Thread-safe; a later publish before the swap replaces this one."""
+        sampled from the next decode chunk on. Thread-safe; a later publish before the swap replaces this one.
+
+        The worker takes its own copy, placed where its weights live, before this returns (never an alias, even
+        on a shared device): the caller may donate or delete the arrays it passed right away, e.g. the learner's
+        next step donating its parameters while the swap still waits for the end of a decode chunk."""
         if isinstance(params_state, nnx.Module):
             params_state = nnx.state(params_state)
+        placement = dict(jax.tree_util.tree_flatten_with_path(self._placement)[0])
+        paths, treedef = jax.tree_util.tree_flatten_with_path(params_state)
+        unknown = [jax.tree_util.keystr(path) for path, _ in paths if path not in placement]
+        if unknown:
+            raise ValueError(f"published weights hold {', '.join(unknown[:3])} ({len(unknown)} in all), which the worker's model "
+                             f"does not have; publish nnx.state(model) or nnx.state(model, nnx.Param) of a model "
+                             f"with the worker's structure")
+        shardings = jax.tree_util.tree_unflatten(treedef, [placement[path] for path, _ in paths])
+        owned = jax.device_put(params_state, shardings, may_alias=False)
         with self._lock:
-            self._published = (params_state, int(version))
+            self._published = (owned, int(version))
 
     def stats(self) -> dict:
         engine = self.engine.stats()
@@ -197,7 +210,6 @@ class RolloutWorker:
             published, self._published = self._published, None
         if published is not None:
             state, version = published
-            nnx.update(self.model, state)
-            nnx.update(self.model, jax.device_put(nnx.state(self.model), self._placement))
+            nnx.update(self.model, state)  # the worker's own copy, already placed by `publish`
             self.engine.update_weights(self.model, version)
             self._publishes += 1
