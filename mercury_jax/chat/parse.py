@@ -397,8 +397,11 @@ def _schema_types(schema: Mapping[str, Any], root: Mapping[str, Any], depth: int
 def _strip_stop_tokens(text: str) -> str:
     """`text` without its trailing stop tokens (each with the blanks after it); blanks before them are kept.
     One anchored match on the reversed text: stripping one token at a time copied the text per token."""
-    found = _STOP_SUFFIX_REVERSED.match(text[::-1])
-    return text[:len(text) - found.end()] if found else text
+    stripped = text.rstrip()
+    if not stripped.endswith((IM_END, ENDOFTEXT)):
+        return text
+    found = _STOP_SUFFIX_REVERSED.match(stripped[::-1])
+    return stripped[:len(stripped) - found.end()]
 
 
 def _shown(text: str) -> str:

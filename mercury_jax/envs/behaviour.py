@@ -42,10 +42,14 @@ from dataclasses import dataclass
 from mercury_jax.envs.line_pattern import LinePattern
 
 # `[^\S\n]*` (blanks within the line), not `\s*`: the same lines match, but `^\s*` let every line start of a run
-# of blank lines rescan the whole run (quadratic; 8,000 newlines took ~3 s).
-ANSWER_PATTERN = LinePattern(r"[^\S\n]*(final answer\s*:|<answer>|(the )?task (is )?(complete|done)\b)",
+# of blank lines rescan the whole run (quadratic; 8,000 newlines took ~3 s). Possessive `*+`: a blank run that
+# does not end in the colon is read once, not read and then given back character by character.
+ANSWER_PATTERN = LinePattern(r"[^\S\n]*+(final answer\s*+:|<answer>|(the )?task (is )?(complete|done)\b)",
                              keywords=("final answer", "<answer>", "task"))
+# A tool-call block, closed or running to the end (the semantics; `tool_call_spans` finds the same at str.find
+# speed: the lazy `.*?` steps the regex engine through an unclosed block one character at a time).
 TOOL_CALL_BLOCK = re.compile(r"<tool_call>.*?(</tool_call>|$)", re.S)
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 WORD = re.compile(r"\w+")
 TRUNCATION_REASONS = ("length", "max_tokens", "truncated")
 
@@ -74,17 +78,22 @@ def behaviour_multiplier(assistant_texts: Sequence[str], *, finish_reason: str, 
     excess = (rate - config.repetition_threshold) / max(1e-9, 1 - config.repetition_threshold)
     repetition = 1 - config.repetition_strength * min(1.0, max(0.0, excess))
 
+    span = None
     if answered_turn is None:
-        answered_turn = next((i for i, t in enumerate(assistant_texts) if states_answer(t)), None)
+        for turn, text in enumerate(assistant_texts):
+            span = answer_span(_visible(text))
+            if span is not None:
+                answered_turn = turn
+                break
     turns_after, trailing_chars, calls_after = 0, 0, 0
     if answered_turn is not None and answered_turn < len(assistant_texts):
         turns_after = len(assistant_texts) - 1 - answered_turn
         visible = _visible(assistant_texts[answered_turn])
-        span = answer_span(visible)
+        span = span or answer_span(visible)
         if span is not None:
             marker_end, line_end = span
-            calls_after = len(TOOL_CALL_BLOCK.findall(visible, marker_end))
-            trailing_chars = len(TOOL_CALL_BLOCK.sub("", visible[line_end:]).strip())
+            calls_after = sum(start >= marker_end for start, _ in tool_call_spans(visible))
+            trailing_chars = len(_without_calls(visible[line_end:]).strip())
     units = turns_after + calls_after + max(0, trailing_chars - config.runaway_chars) / config.runaway_chars
     runaway = max(0.0, 1 - config.runaway_strength * min(1.0, units))
 
@@ -117,7 +126,7 @@ def answer_span(reply: str) -> tuple[int, int] | None:
     """(end of the answer marker, end of its line) for the first `ANSWER_PATTERN` line of `reply` outside
     tool-call blocks, or None. Blocks are masked with a non-blank character of their length, so positions stay
     as written and a block's own lines (its arguments) can neither hold the answer nor end the answer line."""
-    masked = TOOL_CALL_BLOCK.sub(lambda m: "\x00" * len(m.group()), reply)
+    masked = _without_calls(reply, mask=True)
     marker = ANSWER_PATTERN.search(masked)
     if marker is None:
         return None
@@ -129,11 +138,35 @@ def repetition_rate(texts: Sequence[str], n: int = 4, min_ngrams: int = 8) -> fl
     """1 - unique/total word n-grams over `texts` (tool-call blocks removed); 0 for short texts."""
     # Blank runs collapsed first (str.split, ~100x faster than the regex engine over 1 MB of spaces); words never
     # hold blanks, so the words are the same.
-    words = [w.lower() for t in texts for w in WORD.findall(" ".join(TOOL_CALL_BLOCK.sub(" ", t).split()))]
+    words = [w.lower() for t in texts for w in WORD.findall(" ".join(_without_calls(t, " ").split()))]
     grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
     if len(grams) < min_ngrams:
         return 0.0
     return 1 - len(set(grams)) / len(grams)
+
+
+def tool_call_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each `TOOL_CALL_BLOCK` match, in order: a block runs from `<tool_call>` to the end of the
+    first `</tool_call>` after it, else to the end of the text (before a final newline, as the regex's `$`)."""
+    spans, start = [], text.find(_OPEN)
+    while start >= 0:
+        close = text.find(_CLOSE, start + len(_OPEN))
+        if close < 0:
+            spans.append((start, len(text) - 1 if text.endswith("\n") and len(text) - 1 >= start + len(_OPEN)
+                          else len(text)))
+            break
+        spans.append((start, close + len(_CLOSE)))
+        start = text.find(_OPEN, close + len(_CLOSE))
+    return spans
+
+
+def _without_calls(text: str, replacement: str = "", *, mask: bool = False) -> str:
+    """`text` with each tool-call block replaced (by `replacement`, or with `mask` by as many NUL characters)."""
+    pieces, position = [], 0
+    for start, end in tool_call_spans(text):
+        pieces += [text[position:start], "\x00" * (end - start) if mask else replacement]
+        position = end
+    return "".join(pieces) + text[position:] if pieces else text
 
 
 def _visible(text: str) -> str:

@@ -17,8 +17,9 @@ from mercury_jax.envs.line_pattern import LinePattern
 BROWSE_TOOLS = ["find", "open", "search"]
 # The answer is the first non-blank text after the colon (it may start on a later line) to the end of its line,
 # trailing blanks dropped. Linear time: `[^\S\n]*` after `^` (not `\s*`, which let every line of a blank run rescan
-# the run) and `\S(?:.*\S)?` (not `(.+?)\s*$`, which rescanned a run of blanks inside the line once per blank).
-ANSWER_LINE = LinePattern(r"[^\S\n]*final answer\s*:\s*(\S(?:.*\S)?)", keywords=("final answer",))
+# the run) and `\S(?:.*\S)?` (not `(.+?)\s*$`, which rescanned a run of blanks inside the line once per blank);
+# possessive `*+` reads a blank run once where what follows cannot be a blank anyway.
+ANSWER_LINE = LinePattern(r"[^\S\n]*+final answer\s*+:\s*+(\S(?:.*\S)?)", keywords=("final answer",))
 SYSTEM_PROMPT = ("Answer the question using the search, open and find tools over the encyclopedia. Base the answer "
                  "only on page text you have seen. When you know it, stop and reply with one line: "
                  "Final answer: <answer>")
