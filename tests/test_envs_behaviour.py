@@ -1,9 +1,12 @@
 """Behaviour multiplier: each factor against hand-computed values, reported separately, product scales down."""
 import pytest
 
-from mercury_jax.envs.behaviour import BehaviourConfig, behaviour_multiplier, repetition_rate
+from mercury_jax.envs.behaviour import BehaviourConfig, behaviour_multiplier, repetition_rate, states_answer
 
 CALL = "<tool_call>\n<function=search>\n<parameter=query>\nsame query again\n</parameter>\n</function>\n</tool_call>"
+# A call whose argument has a line that reads like an answer: it states nothing.
+MESSAGE = ("<tool_call>\n<function=send_message>\n<parameter=body>\nTask done: the invoice is paid.\nFinal answer: "
+           "paid\n</parameter>\n</function>\n</tool_call>")
 
 
 def test_clean_trajectory_keeps_full_reward():
@@ -40,6 +43,30 @@ def test_post_answer_runaway(texts, answered_turn, expected, turns, calls):
     assert (parts["runaway_turns"], parts["runaway_calls"]) == (turns, calls)
 
 
+@pytest.mark.parametrize("texts, turns, calls, runaway", [
+    ([MESSAGE + "\n" + CALL + "\nFinal answer: paid"], 0, 0, 1.0),   # issue #22: calls before the answer line
+    ([MESSAGE, "Final answer: paid"], 0, 0, 1.0),                     # the call's body did not answer turn 0
+    ([CALL + "\nFinal answer: X"], 0, 0, 1.0),
+    ([CALL + "\nFinal answer: X\n" + MESSAGE], 0, 1, 0.5),             # only calls after the answer line count
+    (["Final answer: X " + CALL], 0, 1, 0.5),                          # a call on the answer line is after it
+    ([MESSAGE, "Final answer: paid", "more"], 1, 0, 0.5),
+])
+def test_only_calls_after_the_answer_line_are_runaway(texts, turns, calls, runaway):
+    multiplier, parts = behaviour_multiplier(texts, finish_reason="stop")
+    assert (parts["runaway_turns"], parts["runaway_calls"], parts["post_answer_runaway"]) == (turns, calls, runaway)
+    assert multiplier == runaway
+
+
+@pytest.mark.parametrize("text, answered", [
+    ("Final answer: X", True), ("  final answer : X", True), ("The task is complete.", True), ("<answer>X", True),
+    ("task done", True), ("So the final answer: X", False), ("task doneness", False), (MESSAGE, False),
+    ("<think>\nFinal answer: maybe\n</think>\n\nlet me check", False), (CALL + "\n\n\tTask complete.", True),
+    ("\n" * 5000 + "Final answer: X", True), (" " * 5000 + "x", False),
+])
+def test_states_answer(text, answered):
+    assert states_answer(text) is answered
+
+
 @pytest.mark.parametrize("last, finish, factor, in_think", [
     ("<think>\nstill thinking and thinking", "length", 0.0, True),
     ("</think>\n\nhalf a sentence", "length", 0.5, False),
@@ -52,10 +79,16 @@ def test_degenerate_truncation(last, finish, factor, in_think):
 
 
 def test_factors_multiply_and_never_raise_reward():
-    texts = ["a b c d a b c d a b c d", "Final answer: X", "after"]
+    # words a b c d x3, final answer x, think after: 17 words, 14 four-grams, 9 distinct -> rate 5/14
+    texts = ["a b c d a b c d a b c d", "Final answer: X", "</think>after"]
     multiplier, parts = behaviour_multiplier(texts, finish_reason="length")
-    assert multiplier == pytest.approx(parts["repetition"] * parts["post_answer_runaway"] * parts["degenerate_truncation"])
-    assert 0.0 <= multiplier < 1.0
+    repetition = 1 - (5 / 14 - 0.3) / 0.7
+    assert parts["repetition_rate"] == pytest.approx(5 / 14) and parts["repetition"] == pytest.approx(repetition)
+    assert (parts["post_answer_runaway"], parts["runaway_turns"]) == (0.5, 1)  # one turn after the answer
+    assert (parts["degenerate_truncation"], parts["truncated_in_think"]) == (0.5, False)
+    assert multiplier == pytest.approx(repetition * 0.5 * 0.5)
+    in_think = behaviour_multiplier(texts[:2] + ["after"], finish_reason="length")
+    assert (in_think[0], in_think[1]["degenerate_truncation"], in_think[1]["truncated_in_think"]) == (0.0, 0.0, True)
     off = BehaviourConfig(repetition_strength=0, runaway_strength=0, truncation_strength=0,
                           truncation_in_think_strength=0, turn_budget_strength=0)
     assert behaviour_multiplier(texts, finish_reason="length", config=off)[0] == 1.0

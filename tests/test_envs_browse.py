@@ -152,9 +152,19 @@ def test_stop_verifier_rejects_unknown_tools_when_given_schemas(pivot_pair):
     assert verify_stop(task, sufficient, bad, tools=tools)["outcome"] == "malformed"
 
 
-def test_extract_answer():
-    assert extract_answer("<think>Final answer: no</think>\nFinal answer:  Varhol ") == "Varhol"
-    assert extract_answer("no answer here") is None
+@pytest.mark.parametrize("text, answer", [
+    ("<think>Final answer: no</think>\nFinal answer:  Varhol ", "Varhol"),       # reasoning excluded, trimmed
+    ("no answer here", None),
+    ("Final answer: a\nFinal answer: b\n", "b"),                                # the last answer line
+    ("  FINAL ANSWER :  New  Varhol \t\r\n", "New  Varhol"),                    # case, blanks, inner spaces kept
+    ("Final answer:\n\n  Varhol  \nthanks", "Varhol"),                          # the answer may start lines later
+    ("Final answer:   ", None),                                                 # blank: no answer line (was " ")
+    ("Final answer: x" + " " * 100_000 + "y", "x" + " " * 100_000 + "y"),
+    ("I think the final answer: Varhol", None),                                 # not at a line start
+    ("\n" * 100_000 + "Final answer: Varhol", "Varhol"),
+])
+def test_extract_answer(text, answer):
+    assert extract_answer(text) == answer
 
 
 def test_short_names_are_single_pieces_unique_and_leave_the_full_world_unchanged(tmp_path):

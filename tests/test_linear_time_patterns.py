@@ -14,7 +14,8 @@ import time
 import pytest
 
 from mercury_jax.chat import parse_assistant
-from mercury_jax.envs.behaviour import ANSWER_PATTERN, behaviour_multiplier, states_answer
+from mercury_jax.chat.parse import _strip_stop_tokens
+from mercury_jax.envs.behaviour import ANSWER_PATTERN, TOOL_CALL_BLOCK, behaviour_multiplier, tool_call_spans
 from mercury_jax.envs.browse.stop_verifier import verify_stop
 from mercury_jax.envs.browse.tasks import ANSWER_LINE, extract_answer
 from mercury_jax.envs.line_pattern import LinePattern
@@ -148,3 +149,32 @@ def test_old_patterns_were_quadratic():
     OLD_ANSWER_PATTERN.search(text)
     assert time.perf_counter() - start > BOUND_S
     assert best_of_3(ANSWER_PATTERN.search, text) < BOUND_S / 10
+
+
+def test_tool_call_spans_are_the_regex_blocks():
+    """The str.find block scan against `TOOL_CALL_BLOCK` (closed, unclosed to the end, before a final newline)."""
+    rng = random.Random(3)
+    pieces = ["<tool_call>", "</tool_call>", "x", "\n", " ", "<tool_", "call>", "Final answer: x"]
+    for _ in range(6000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 10)))
+        assert tool_call_spans(text) == [m.span() for m in TOOL_CALL_BLOCK.finditer(text)], repr(text)
+
+
+def old_strip_stop_tokens(text: str) -> str:
+    while True:
+        trimmed = text.rstrip()
+        for stop in ("<|im_end|>", "<|endoftext|>"):
+            if trimmed.endswith(stop):
+                text = trimmed[:-len(stop)]
+                break
+        else:
+            return text
+
+
+def test_stop_tokens_are_stripped_as_before():
+    """One reversed match gives what stripping one token at a time gave (blanks before the tokens kept)."""
+    rng = random.Random(4)
+    pieces = ["<|im_end|>", "<|endoftext|>", " ", "\n", "a", "<|im_", "end|>", "\u3000", "|>"]
+    for _ in range(6000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        assert _strip_stop_tokens(text) == old_strip_stop_tokens(text), repr(text)
