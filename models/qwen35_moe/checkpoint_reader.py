@@ -158,20 +158,25 @@ class CheckpointReader:
         if missing:
             raise MissingShardError(f"{index} lists shard files that do not exist: {missing}; re-download them, or "
                                     f"regenerate the index if the checkpoint was re-sharded")
+        held = {rel: self._open(self.path / rel) for rel in sorted(by_file)}
         for rel in sorted(by_file):
-            file = self.path / rel
-            held = self._open(file)
-            for name in sorted(held - by_file[rel]):
-                if name in weight_map:
+            for name in sorted(held[rel] - by_file[rel]):
+                listed = weight_map.get(name)
+                if listed is None:
+                    raise ShardIndexError(f"{self.path / rel} holds tensor {name}, which {index} does not list; "
+                                          f"regenerate the index (or remove the tensor from the shard)")
+                if name in held[listed]:
                     raise DuplicateTensorError(
-                        f"tensor {name} is stored in {file} and in {self.path / weight_map[name]} (where {index.name} "
-                        f"points); which copy to load is unknown: remove the stray copy or regenerate the index")
-                raise ShardIndexError(f"{file} holds tensor {name}, which {index} does not list; regenerate the "
-                                      f"index (or remove the tensor from the shard)")
-            absent = sorted(by_file[rel] - held)
+                        f"tensor {name} is stored in {self.path / rel} and in {self.path / listed} (where "
+                        f"{index.name} points); which copy to load is unknown: remove the stray copy or regenerate "
+                        f"the index")
+                raise ShardIndexError(f"{index} maps tensor {name} to {listed}, but it is stored in {rel}; "
+                                      f"regenerate the index")
+            absent = sorted(by_file[rel] - held[rel])
             if absent:
-                raise ShardIndexError(f"{index} maps {absent[:5]}{' ...' if len(absent) > 5 else ''} to {file}, "
-                                      f"which does not hold them; re-download the shard or regenerate the index")
+                raise ShardIndexError(f"{index} maps {absent[:5]}{' ...' if len(absent) > 5 else ''} to "
+                                      f"{self.path / rel}, which does not hold them; re-download the shard or "
+                                      f"regenerate the index")
         return {name: self.path / rel for name, rel in weight_map.items()}
 
 

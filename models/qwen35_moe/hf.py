@@ -109,8 +109,8 @@ def _raise_nonfinite(reader: CheckpointReader, sources: list[str], what: str, dt
             f"the checkpoint is damaged or comes from a diverged run: re-download it or export an earlier "
             f"checkpoint (pass allow_nonfinite=True to load it anyway)")
     raise NonFiniteWeightError(
-        f"{what}: the checkpoint's {', '.join(dict.fromkeys(sources))} are finite but overflow "
-        f"{jnp.dtype(dtype).name} when cast; load with dtype=jnp.float32 (or pass allow_nonfinite=True)")
+        f"{what} overflows {jnp.dtype(dtype).name} when cast (its checkpoint tensors {list(dict.fromkeys(sources))} "
+        f"are finite); load with dtype=jnp.float32 (or pass allow_nonfinite=True)")
 
 
 def _layer_index_of(path: tuple, cfg: Qwen35MoeConfig) -> tuple[list[int], tuple]:
@@ -194,7 +194,8 @@ def _build(reader: CheckpointReader, cfg: Qwen35MoeConfig, *, dtype, mesh, rules
         if value.shape != variable.shape:
             raise CheckpointError(f"built {'.'.join(map(str, var_path))} with shape {value.shape}, model expects "
                                   f"{variable.shape}")
-        value = value.astype(jnp.dtype(dtype))
+        with np.errstate(over="ignore"):  # an overflow becomes inf, which the check below reports
+            value = value.astype(jnp.dtype(dtype))
         if not allow_nonfinite and not _all_finite(value):
             _raise_nonfinite(reader, sources, "our " + ".".join(map(str, var_path)), dtype)
         if mesh is not None:
