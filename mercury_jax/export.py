@@ -24,14 +24,23 @@ with the Qwen3.5 special tokens at ids 1..33, not an HF tokenizer; load it with
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import logging
 import shutil
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from mercury_jax.chat import BUILTIN_CHAT_TEMPLATE, SentencePieceTokenizer, qwen35_tokenizer
+from mercury_jax.train.setup import build_model
+from models.qwen35_moe import Qwen35MoeConfig, Qwen35MoeForCausalLM, save_hf
 
 RUN_CONFIG = "config.json"
 STAGES = ("sao", "sft", "grpo")
@@ -48,8 +57,6 @@ class ExportError(ValueError):
 
 def save_run_config(config: ml_collections.ConfigDict, workdir: str | Path) -> Path:
     """Write the run's config to `workdir/config.json` (process 0 only), for tools that rebuild the run's model."""
-    import jax
-
     path = Path(workdir) / RUN_CONFIG
     if jax.process_index() == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -88,8 +95,6 @@ def run_tokenizer_file(config: ml_collections.ConfigDict, workdir: str | Path) -
 
 def run_tokenizer(config: ml_collections.ConfigDict, workdir: str | Path):
     """The tokenizer the run trained with: its SentencePiece model, or the Qwen3.5 BPE."""
-    from mercury_jax.chat import SentencePieceTokenizer, qwen35_tokenizer
-
     if config.tokenizer.kind == "qwen35":
         return qwen35_tokenizer()
     if config.tokenizer.kind == "sentencepiece":
@@ -103,9 +108,7 @@ def run_vocab_size(config: ml_collections.ConfigDict, workdir: str | Path) -> in
 
 def abstract_policy(config: ml_collections.ConfigDict, workdir: str | Path):
     """The run's policy with abstract (shape-only) parameters, built as `setup.build_model` builds it."""
-    from flax import nnx
 
-    from models.qwen35_moe import Qwen35MoeConfig, Qwen35MoeForCausalLM
 
     model_cfg = config.model
     if model_cfg.hf_path:  # the structure comes from the HF config; the weights come from our checkpoint
@@ -116,7 +119,6 @@ def abstract_policy(config: ml_collections.ConfigDict, workdir: str | Path):
         cfg = Qwen35MoeConfig.from_hf(config_file, param_dtype="float32", dtype=model_cfg.dtype,
                                       remat_policy=model_cfg.remat_policy, moe_impl=model_cfg.moe_impl)
         return nnx.eval_shape(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0)))
-    from mercury_jax.train.setup import build_model
 
     vocab_size = run_vocab_size(config, workdir)
     return nnx.eval_shape(lambda: build_model(model_cfg, vocab_size, config.seed))
@@ -138,8 +140,6 @@ def read_checkpoint_arrays(arrays_dir: str | Path, subtree: tuple[str, ...] = ()
     """The arrays under `subtree` of an Orbax checkpoint item (e.g. `.../sao/checkpoints/3/arrays`, ("actor",
     "params")) as host numpy arrays keyed by their path below `subtree` (nnx `value` leaves named by their
     variable); nothing else is read, and the saving devices need not exist."""
-    import jax
-    import orbax.checkpoint as ocp
 
     arrays_dir = Path(arrays_dir).absolute()  # Orbax resolves a relative path against no directory of ours
     checkpointer = ocp.PyTreeCheckpointer()
@@ -171,8 +171,6 @@ def read_checkpoint_arrays(arrays_dir: str | Path, subtree: tuple[str, ...] = ()
 
 def restore_policy(workdir: str | Path, *, step: int | None = None, stage: str | None = None):
     """(policy model with the checkpoint's weights as host arrays, stage, step) of a run."""
-    from flax import nnx
-
     workdir = Path(workdir)
     config = load_run_config(workdir)
     stage = stage or config.pipeline
@@ -215,10 +213,7 @@ def restore_policy(workdir: str | Path, *, step: int | None = None, stage: str |
 def export_run(workdir: str | Path, out: str | Path, *, step: int | None = None, stage: str | None = None,
                dtype: str = "bfloat16", experts: str = "fused") -> Path:
     """Write the run's policy (checkpoint `step`, default latest) to `out` as an HF checkpoint; returns `out`."""
-    import jax.numpy as jnp
 
-    from mercury_jax.chat import BUILTIN_CHAT_TEMPLATE
-    from models.qwen35_moe import save_hf
 
     if dtype not in ("bfloat16", "float32"):
         raise ExportError(f"--dtype {dtype!r}: use bfloat16 (release) or float32 (exact)")
@@ -243,8 +238,6 @@ def export_run(workdir: str | Path, out: str | Path, *, step: int | None = None,
 
 
 def main(argv=None) -> None:
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m mercury_jax.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", required=True, help="the run directory (holds config.json and checkpoints)")
     parser.add_argument("--out", required=True, help="output directory of the HF checkpoint")

@@ -22,17 +22,32 @@ checkpoint, reused by a rerun with the same setup (tasks, seed, budgets, samplin
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
-from mercury_jax.evaluation import (EpisodeOutcomes, checkpoint_record, format_table, outcomes_from_trajectories,
-                                    plot_frontier, select_checkpoint)
+import jax
+from absl import logging
+from flax import nnx
+
+from mercury_jax.evaluation import (
+    EpisodeOutcomes,
+    checkpoint_record,
+    format_table,
+    outcomes_from_trajectories,
+    plot_frontier,
+    select_checkpoint,
+)
 from mercury_jax.evaluation.selection import START_STEP
-from mercury_jax.export import ExportError, checkpoint_steps, load_run_config
+from mercury_jax.export import ExportError, checkpoint_steps, load_run_config, restore_policy, run_tokenizer
+from mercury_jax.rollout.engine import Engine
+from mercury_jax.rollout.episode import EpisodeRunner
+from mercury_jax.train.setup import behaviour, rollout_budgets, rollout_sampling, world_tasks
 
 STAGE = "grpo"
 EVAL_SEED_OFFSET = 1_000_003  # the default sampling seed is config.seed + this (as the SAO trainer's evaluations)
@@ -62,10 +77,22 @@ def sweep_steps(workdir: str | Path, requested: list[int] | None = None) -> list
     return steps
 
 
+def policy_on_device(workdir: Path, step: int):
+    """The run's policy at checkpoint `step`, restored from host arrays onto the first device."""
+    model, _, _ = restore_policy(workdir, step=step, stage=STAGE)
+    graphdef, state = nnx.split(model)
+    return nnx.merge(graphdef, jax.device_put(state, jax.devices()[0]))
+
+
 def run_sweep(workdir: str | Path, *, steps: list[int] | None = None, num_tasks: int | None = None,
               seed: int | None = None, alpha: float = 0.05, confidence: float = 0.95, out: str | Path | None = None,
-              recompute: bool = False, stream: TextIO = sys.stdout) -> dict:
-    """Evaluate the checkpoints, select one, write `sweep.json` and `frontier.png` to `out`; returns the summary."""
+              recompute: bool = False, stream: TextIO = sys.stdout,
+              load_policy: Callable[[Path, int], Any] = policy_on_device, make_engine: Callable[..., Any] = Engine,
+              ) -> dict:
+    """Evaluate the checkpoints, select one, write `sweep.json` and `frontier.png` to `out`; returns the summary.
+
+    Seams: `load_policy(workdir, step)` gives the model of a checkpoint and `make_engine(model, num_slots=,
+    max_length=, policy_version=)` the engine that samples it (tests pass scripted ones)."""
     workdir = Path(workdir)
     if not 0 < alpha < 1 or not 0 < confidence < 1:
         raise SweepError(f"--alpha {alpha} and --confidence {confidence} must lie in (0, 1)")
@@ -81,7 +108,7 @@ def run_sweep(workdir: str | Path, *, steps: list[int] | None = None, num_tasks:
     print(f"[sweep] {workdir}: {len(steps)} checkpoints {steps}, {len(tasks)} held-out {config.world.name} tasks, "
           f"sampling seed {seed}", file=stream, flush=True)
 
-    outcomes = _evaluate(workdir, config, steps, tasks, setup_key, out, recompute, stream)
+    outcomes = _evaluate(workdir, config, steps, tasks, setup_key, out, recompute, stream, load_policy, make_engine)
     records = [checkpoint_record(step, outcomes[step], outcomes[START_STEP], confidence=confidence)
                for step in steps]
     selection = select_checkpoint(records, alpha)
@@ -118,8 +145,6 @@ def _run_config(workdir: Path):
 
 
 def _held_out_tasks(config, num_tasks: int | None) -> list[dict]:
-    from mercury_jax.train.setup import world_tasks
-
     held_out = config.world.num_eval_tasks
     if num_tasks is not None and not 0 < num_tasks <= held_out:
         raise SweepError(f"--num-tasks {num_tasks}: the run holds out {held_out} tasks (world.num_eval_tasks); "
@@ -128,7 +153,7 @@ def _held_out_tasks(config, num_tasks: int | None) -> list[dict]:
 
 
 def _evaluate(workdir: Path, config, steps: list[int], tasks: list[dict], setup_key: dict, out: Path,
-              recompute: bool, stream: TextIO) -> dict[int, EpisodeOutcomes]:
+              recompute: bool, stream: TextIO, load_policy, make_engine) -> dict[int, EpisodeOutcomes]:
     """Per-task outcomes of each step: from `out/outcomes/STEP.json` when its setup matches, else by rollouts."""
     cache_dir = out / "outcomes"
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -145,9 +170,9 @@ def _evaluate(workdir: Path, config, steps: list[int], tasks: list[dict], setup_
     runner, engine = None, None
     started = time.perf_counter()
     for done, step in enumerate(to_run, start=1):
-        model = _policy_on_device(workdir, step)
+        model = load_policy(workdir, step)
         if engine is None:
-            runner, engine = _make_runner(model, config, setup_key["seed"], step, workdir)
+            runner, engine = _make_runner(model, config, setup_key["seed"], step, workdir, make_engine)
         else:
             engine.update_weights(model, step)
         del model
@@ -181,25 +206,10 @@ def _write_atomically(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def _policy_on_device(workdir: Path, step: int):
-    import jax
-    from flax import nnx
-
-    from mercury_jax.export import restore_policy
-
-    model, _, _ = restore_policy(workdir, step=step, stage=STAGE)
-    graphdef, state = nnx.split(model)
-    return nnx.merge(graphdef, jax.device_put(state, jax.devices()[0]))
-
-
-def _make_runner(model, config, seed: int, version: int, workdir: Path):
-    from mercury_jax.export import run_tokenizer
-    from mercury_jax.rollout.engine import Engine
-    from mercury_jax.rollout.episode import EpisodeRunner
-    from mercury_jax.train.setup import behaviour, rollout_budgets, rollout_sampling
-
+def _make_runner(model, config, seed: int, version: int, workdir: Path, make_engine=Engine):
     rollout = config.rollout
-    engine = Engine(model, num_slots=rollout.num_slots, max_length=rollout.max_total_tokens, policy_version=version)
+    engine = make_engine(model, num_slots=rollout.num_slots, max_length=rollout.max_total_tokens,
+                         policy_version=version)
     runner = EpisodeRunner(engine, run_tokenizer(config, workdir), budgets=rollout_budgets(rollout),
                            behaviour=behaviour(config), sampling=rollout_sampling(rollout, seed))
     return runner, engine
@@ -213,9 +223,7 @@ def _parse_steps(text: str) -> list[int]:
 
 
 def main(argv=None) -> None:
-    import argparse
 
-    from absl import logging
 
     parser = argparse.ArgumentParser(prog="python -m mercury_jax.sweep", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", required=True, help="the pivot-GRPO run directory (config.json, grpo/checkpoints)")

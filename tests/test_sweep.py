@@ -396,7 +396,6 @@ def test_sweep_selects_by_the_rule_on_scripted_policies(tokenizer_run, tmp_path,
 
     from mercury_jax import sweep
     from mercury_jax.export import run_tokenizer, save_run_config
-    from mercury_jax.rollout import engine as engine_module
     from mercury_jax.train.setup import world_tasks
 
     config = tiny_grpo_config(num_eval_tasks=10)
@@ -408,10 +407,8 @@ def test_sweep_selects_by_the_rule_on_scripted_policies(tokenizer_run, tmp_path,
     monkeypatch.setattr(OracleEngine, "tasks", tuple(world_tasks(config.world, "eval")))
     monkeypatch.setattr(OracleEngine, "tokenizer", run_tokenizer(config, tmp_path))
     monkeypatch.setattr(OracleEngine, "stride", config.rollout.max_tool_turns + 1)
-    monkeypatch.setattr(sweep, "_policy_on_device", lambda workdir, step: f"policy {step}")
-    monkeypatch.setattr(engine_module, "Engine", OracleEngine)
-
-    summary = sweep.run_sweep(tmp_path, stream=io.StringIO())
+    summary = sweep.run_sweep(tmp_path, stream=io.StringIO(), load_policy=lambda workdir, step: f"policy {step}",
+                              make_engine=OracleEngine)
     records = {r["step"]: r for r in summary["records"]}
     assert [records[s]["accuracy"] for s in ORACLE_POLICIES] == [1.0, 1.0, 1.0, 0.0]
     assert [records[s]["over_search_rate"] for s in ORACLE_POLICIES] == [1.0, 0.0, 0.1, 0.0]

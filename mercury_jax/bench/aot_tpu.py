@@ -18,6 +18,7 @@ import time  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
+from jax.experimental import topologies
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
 from mercury_jax.bench.report import markdown_table, write_section  # noqa: E402
@@ -31,8 +32,6 @@ HBM_GIB = {"v5p": 95, "v5e": 16, "v6e": 32, "v4": 32}
 
 
 def compile_step(preset: str, topology: str, mesh_shape: dict, batch: int, seq: int, remat: str):
-    from jax.experimental import topologies
-
     devices = topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
     mesh = make_mesh(mesh_shape, devices=devices)
     cfg = PRESETS[preset](dtype="bfloat16", param_dtype="float32", remat_policy=remat)

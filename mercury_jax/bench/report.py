@@ -10,8 +10,11 @@ import platform
 import subprocess
 from pathlib import Path
 
+import jax
+
 BENCHMARKS_PATH = Path(__file__).resolve().parents[2] / "BENCHMARKS.md"
-_HEADER = "# Benchmarks\n\nEvery table below was printed by the command named under it; rerun it to refresh its section.\n"
+_HEADER = ("# Benchmarks\n\nEvery table below was printed by the command named under it; rerun it to refresh its "
+           "section.\n")
 
 
 def machine_description() -> str:
@@ -24,9 +27,9 @@ def machine_description() -> str:
                 break
     except OSError:
         pass
-    import jax
 
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, jax {jax.__version__} ({jax.default_backend()})"
+    return (f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+            f"jax {jax.__version__} ({jax.default_backend()})")
 
 
 def git_revision() -> str:

@@ -29,6 +29,7 @@ from mercury_jax.bench.report import markdown_table, write_section
 from mercury_jax.rollout import Engine, Request, Sampler
 from models.qwen35_moe import Qwen35MoeForCausalLM
 from models.qwen35_moe import config as C
+from models.qwen35_moe.hf import save_hf
 
 
 def hf_generate(model, prompts, new: int, repeats: int = 3):
@@ -37,10 +38,9 @@ def hf_generate(model, prompts, new: int, repeats: int = 3):
     Decode time = generate(new tokens) - generate(1 token), i.e. the prefill and first token are excluded as in the
     sampler row; each is the fastest of `repeats` calls after a warm-up. Returns (seconds for new - 1 decode steps,
     the new - 1 decoded tokens [B, new - 1], torch threads)."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    import torch  # noqa: PLC0415  (test-only dependency: the HF reference row needs requirements-test.txt)
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415  (same)
 
-    from models.qwen35_moe.hf import save_hf
 
     with tempfile.TemporaryDirectory() as tmp:
         save_hf(model, tmp, dtype=jnp.float32)
@@ -157,7 +157,8 @@ def main() -> None:
 
     body = ("Tiny Qwen3.5-MoE (hidden 64, 4 layers: 3 GDN + 1 attention, 8 experts top-2, vocab 512), fp32, CPU.\n\n"
             "Decode (greedy; per step = one new token for every sequence in the batch; 'agree' = fraction of tokens "
-            "equal to the recompute path's; 'cache speedup' = this row's decode time / the cached sampler's. The HF row is "
+            "equal to the recompute path's; 'cache speedup' = this row's decode time / the cached sampler's. "
+            "The HF row is "
             "transformers' `generate(do_sample=False, min_new_tokens=max_new_tokens)` on the same weights (`save_hf` "
             f"fp32 -> `AutoModelForCausalLM.from_pretrained`), torch {torch_threads} threads, its reference PyTorch "
             "GDN path; its decode time is generate(new) - generate(1), so prefill is excluded there too):\n\n"

@@ -20,6 +20,8 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+import sentencepiece as spm
+
 from mercury_jax.chat.special_tokens import SPECIAL_TOKENS
 from mercury_jax.chat.tokenizer import Tokenizer
 
@@ -49,10 +51,7 @@ _FORMAT_VERSION = 1  # bump when the options above change meaning
 
 class SentencePieceTokenizer(Tokenizer):
     """A trained SentencePiece model behind the shared interface."""
-
     def __init__(self, model_file: str | Path):
-        import sentencepiece as spm
-
         self.model_file = Path(model_file)
         self._processor = spm.SentencePieceProcessor(model_file=str(self.model_file))
         self.special_ids = {tok: self._processor.piece_to_id(tok) for tok in SPECIAL_TOKENS}
@@ -91,7 +90,6 @@ def train_sentencepiece_tokenizer(texts: Iterable[str], *, vocab_size: int = 102
     The cache key hashes the sorted, de-duplicated corpus, `vocab_size` and the trainer options; the model is
     written atomically, so concurrent callers at worst train twice.
     """
-    import sentencepiece as spm
 
     corpus = sorted(set(t for t in texts if t))
     if not corpus:

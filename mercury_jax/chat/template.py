@@ -17,6 +17,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
 from mercury_jax.chat.tools_block import TOOLS_FOOTER, TOOLS_HEADER, TOOLS_INSTRUCTIONS, normalize_tool_call
 
 
@@ -67,10 +71,6 @@ def _plain(value: Any) -> Any:
 
 @functools.lru_cache(maxsize=16)
 def _compile(chat_template: str):
-    import jinja2
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
     class GenerationBlock(jinja2.ext.Extension):
         """`{% generation %}...{% endgeneration %}` marks assistant text for masks; here it renders its body."""
         tags = {"generation"}

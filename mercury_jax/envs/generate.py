@@ -23,14 +23,18 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from mercury_jax.envs.enterprise.effects import grade_state
+from mercury_jax.envs.enterprise.oracle import run_script
+from mercury_jax.envs.enterprise.tasks import initial_state
+from mercury_jax.envs.episode import grade_browse, oracle_trajectory
+from mercury_jax.envs.presets import preset_tasks
+
 
 def task_line(task: dict) -> str:
     return json.dumps(task, sort_keys=True, ensure_ascii=False, separators=(",", ":")) + "\n"
 
 
 def world_tasks(world: str, preset: str, seed: int, count: int) -> list[dict]:
-    from mercury_jax.envs.presets import preset_tasks
-
     return preset_tasks(world, preset, seed, count)
 
 
@@ -120,7 +124,8 @@ def _summary(world, preset, worlds, tasks_per_world, first_seed, stats, out: Pat
     counts = [int(c) for c, n in tool_counts.items() for _ in range(n)]
     files = sorted(out.glob(f"{world}-*.jsonl"))
     return {"world": world, "preset": preset, "worlds": worlds, "tasks_per_world": tasks_per_world,
-            "first_seed": first_seed, "tasks": sum(s["tasks"] for s in stats), "templates": dict(sorted(templates.items())),
+            "first_seed": first_seed, "tasks": sum(s["tasks"] for s in stats),
+            "templates": dict(sorted(templates.items())),
             "tool_counts": {k: tool_counts[k] for k in sorted(tool_counts, key=int)},
             "tool_count_mean": round(statistics.mean(counts), 3) if counts else 0.0,
             "tool_count_min": min(counts, default=0), "tool_count_max": max(counts, default=0),
@@ -139,7 +144,7 @@ def _progress(total: int, enabled: bool, desc: str):
     if not enabled:
         return _NoBar()
     try:
-        from tqdm import tqdm
+        from tqdm import tqdm  # noqa: PLC0415  (optional: a progress bar when tqdm is installed)
     except ImportError:
         return _NoBar()
     return tqdm(total=total, desc=desc, unit="world", file=sys.stderr, mininterval=1.0)
@@ -148,10 +153,6 @@ def _progress(total: int, enabled: bool, desc: str):
 def verify_oracle(directory: str | Path, limit: int | None = None) -> tuple[str, int, int, float]:
     """Replay the oracle on the first `limit` tasks of a corpus (all when None), directly on the state:
     (world, tasks with all_effects_pass, tasks checked, seconds)."""
-    from mercury_jax.envs.enterprise.effects import grade_state
-    from mercury_jax.envs.enterprise.oracle import run_script
-    from mercury_jax.envs.enterprise.tasks import initial_state
-    from mercury_jax.envs.episode import grade_browse, oracle_trajectory
 
     start, passed, checked, world = time.perf_counter(), 0, 0, "?"
     for task in read_tasks(directory):

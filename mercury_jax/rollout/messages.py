@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mercury_jax.chat import observation_ids, render, render_completion
+from mercury_jax.chat.render import content_text
 from mercury_jax.chat.tokenizer import Tokenizer
 from mercury_jax.rollout.trajectory import Trajectory
 
@@ -85,6 +86,4 @@ def _call(call: Any) -> dict:
 
 
 def _text(content: Any) -> str:
-    from mercury_jax.chat.render import content_text
-
     return content_text(content)

@@ -20,7 +20,7 @@ import random
 from dataclasses import asdict, dataclass, field
 
 from mercury_jax.envs.enterprise import templates_customer, templates_internal, templates_tiny
-from mercury_jax.envs.enterprise.drafts import Draft, View
+from mercury_jax.envs.enterprise.drafts import Draft, View, unchanged
 from mercury_jax.envs.enterprise.toolset import ALL_TOOLS, SERVICE_OF, SERVICE_TOOLS
 from mercury_jax.envs.enterprise.world import WorldConfig, generate_world
 
@@ -102,8 +102,6 @@ def _task(db: dict, seed: int, index: int, draft: Draft, rng: random.Random, con
 
 def _bystanders(db: dict, draft: Draft, rng: random.Random) -> list[dict]:
     """Default forbidden effects: leave alone two records of the collections the task writes that it is not about."""
-    from mercury_jax.envs.enterprise.drafts import unchanged
-
     touched = {(c, i) for c, i in draft.records} | {(e["collection"], e.get("id")) for e in draft.required}
     collections = sorted({e["collection"] for e in draft.required})
     pool = [(c, i) for c in collections for i in db[c] if (c, i) not in touched]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 
 from mercury_jax.envs.enterprise.drafts import Draft, View, absent, equals, mentions, step, unchanged
+from mercury_jax.envs.enterprise.templates_customer import PARAPHRASE
 
 
 def tiny_delete_phishing(v: View, rng: random.Random) -> Draft | None:
@@ -21,8 +22,6 @@ def tiny_delete_phishing(v: View, rng: random.Random) -> Draft | None:
 
 
 def tiny_close_ticket(v: View, rng: random.Random) -> Draft | None:
-    from mercury_jax.envs.enterprise.templates_customer import PARAPHRASE
-
     open_tickets = [t for t in v.db["tickets"].values() if t["status"] == "open"]
     titles = [t["title"] for t in open_tickets]
     options = [t for t in open_tickets if titles.count(t["title"]) == 1]
@@ -51,7 +50,8 @@ def tiny_deal_stage(v: View, rng: random.Random) -> Draft | None:
         [step("list_deals"), step("update_deal", deal_id=deal["id"], stage=stage)],
         [equals("deals", deal["id"], "stage", stage, f"deal {deal['id']} is at {stage}")],
         [unchanged("deals", d["id"], f"deal {d['id']} is left alone") for d in deals if d["id"] != deal["id"]][:2],
-        [["deals", deal["id"]]], f"Deal {deal['id']} is now {stage}.", [mentions(deal["id"], "the reply names the deal")])
+        [["deals", deal["id"]]], f"Deal {deal['id']} is now {stage}.",
+        [mentions(deal["id"], "the reply names the deal")])
 
 
 TEMPLATES = {f.__name__: f for f in (tiny_delete_phishing, tiny_close_ticket, tiny_deal_stage)}
