@@ -178,3 +178,13 @@ def test_stop_tokens_are_stripped_as_before():
     for _ in range(6000):
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
         assert _strip_stop_tokens(text) == old_strip_stop_tokens(text), repr(text)
+
+
+@pytest.mark.parametrize("pattern", [ANSWER_PATTERN, ANSWER_LINE], ids=["ANSWER_PATTERN", "ANSWER_LINE"])
+def test_a_line_of_keywords_is_looked_at_once(pattern):
+    """200,000 keywords on one 1 MB line, none at its start: the line is skipped after its first keyword (going
+    back to the line start for each keyword would read ~100 GB)."""
+    for count in (20_000, 200_000):
+        text = "x" + " final answer: task" * count
+        assert best_of_3(pattern.findall, text) < BOUND_S, count
+        assert pattern.findall(text) == []
