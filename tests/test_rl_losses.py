@@ -38,10 +38,20 @@ def naive_aggregate(per_token, mask, mode, norm_length=None):
     return sum(sum(r) / (norm_length or steps) for r in rows) / max(len(rows), 1)
 
 
+def clamped_ratio(logp, rollout_logp):
+    """exp of the log-ratio clamped to +-LOG_RATIO_CLAMP (losses.py)."""
+    return math.exp(min(max(logp - rollout_logp, -losses.LOG_RATIO_CLAMP), losses.LOG_RATIO_CLAMP))
+
+
+def naive_den(mask, mode):
+    """The aggregation denominator: action tokens (token-mean) or rows with an action token (seq modes)."""
+    return float(mask.sum()) if mode == "token-mean" else float(mask.any(axis=1).sum())
+
+
 def naive_dis(logp, rollout_logp, adv, mask, eps_low, eps_high):
     per_token = np.zeros(mask.shape)
     for b, t in zip(*np.nonzero(mask)):
-        r = math.exp(logp[b, t] - rollout_logp[b, t])
+        r = clamped_ratio(logp[b, t], rollout_logp[b, t])
         if 1 - eps_low < r < 1 + eps_high:
             per_token[b, t] = -r * adv[b, t]
     return per_token
@@ -50,7 +60,7 @@ def naive_dis(logp, rollout_logp, adv, mask, eps_low, eps_high):
 def naive_ppo(logp, rollout_logp, adv, mask, eps_low, eps_high, dual_clip):
     per_token = np.zeros(mask.shape)
     for b, t in zip(*np.nonzero(mask)):
-        r = math.exp(logp[b, t] - rollout_logp[b, t])
+        r = clamped_ratio(logp[b, t], rollout_logp[b, t])
         a = adv[b, t]
         x = max(-a * r, -a * min(max(r, 1 - eps_low), 1 + eps_high))
         if dual_clip is not None and a < 0:
@@ -114,7 +124,11 @@ def test_dis_matches_naive(mode, eps_low, eps_high):
     assert outside.any() or eps_high == 5.0
     np.testing.assert_allclose(aux["masked_fraction"], outside.mean(), atol=1e-6)
     np.testing.assert_allclose(aux["clip_low_fraction"], (ratio <= 1 - eps_low).mean(), atol=1e-6)
+    np.testing.assert_allclose(aux["clip_high_fraction"], (ratio >= 1 + eps_high).mean(), atol=1e-6)
     np.testing.assert_allclose(aux["mean_ratio"], ratio.mean(), **TOL)
+    assert (float(aux["num_action_tokens"]), float(aux["num_masked"])) == (mask.sum(), outside.sum())
+    assert float(aux["den"]) == naive_den(mask, mode)
+    np.testing.assert_allclose(aux["num"], naive_aggregate(per_token, mask, mode) * naive_den(mask, mode), **TOL)
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])
@@ -137,17 +151,43 @@ def test_dis_gradient_zero_outside_band_and_a_times_dr_inside(sign):
     np.testing.assert_allclose(grad, spec, rtol=1e-5)
 
 
-def test_losses_finite_with_inf_padding_and_extreme_ratios():
+def test_losses_exact_with_inf_padding_and_extreme_ratios():
+    """-inf log-probs on padding and log-ratios of +300 (exp overflow territory): values equal the naive loops with
+    the log-ratio clamped at 20, and gradients are the per-token derivatives (0 past the clamp and on padding)."""
     rng = np.random.default_rng(3)
     logp, rollout_logp, adv, mask = random_batch(rng)
-    logp = np.where(mask & (rng.random(mask.shape) < 0.1), logp + 300.0, logp)  # exp overflow territory
-    for fn in (lambda lp: losses.dis_policy_loss(lp, rollout_logp, adv, mask, eps_low=0.2, eps_high=0.28),
-               lambda lp: losses.ppo_clip_loss(lp, rollout_logp, adv, mask, eps_low=0.2, eps_high=0.28,
-                                               dual_clip=3.0),
-               lambda lp: losses.kl_loss(lp, rollout_logp, mask)):
+    extreme = mask & (rng.random(mask.shape) < 0.2)
+    assert (adv[extreme] > 0).any() and (adv[extreme] < 0).any()  # both signs past the clamp
+    logp = np.where(extreme, logp + 300.0, logp)
+    n = mask.sum()
+    ratio = np.zeros(mask.shape)
+    for b, t in zip(*np.nonzero(mask)):
+        ratio[b, t] = clamped_ratio(logp[b, t], rollout_logp[b, t])
+    inside_clamp = mask & ~extreme  # past the clamp the log-ratio is constant: zero gradient
+    in_band = inside_clamp & (ratio > 0.8) & (ratio < 1.28)
+    # PPO: d/dlogp of max(-A r, -A clip(r)) is -A r where the unclipped term is the max, and the dual clip (A < 0,
+    # loss capped at -3A) makes it 0; the +300 tokens have r = e^20, so for A < 0 the dual clip is what binds
+    unclipped_wins = -adv * ratio >= -adv * np.clip(ratio, 0.8, 1.28)
+    dual = (adv < 0) & (np.maximum(-adv * ratio, -adv * np.clip(ratio, 0.8, 1.28)) > -3.0 * adv)
+    d = np.clip(rollout_logp - np.where(mask, logp, 0.0), -20, 20)
+    cases = {
+        "dis": (lambda lp: losses.dis_policy_loss(lp, rollout_logp, adv, mask, eps_low=0.2, eps_high=0.28),
+                naive_dis(logp, rollout_logp, adv, mask, 0.2, 0.28)[mask].mean(),
+                np.where(in_band, -adv * ratio, 0.0) / n),
+        "ppo": (lambda lp: losses.ppo_clip_loss(lp, rollout_logp, adv, mask, eps_low=0.2, eps_high=0.28,
+                                                dual_clip=3.0),
+                naive_ppo(logp, rollout_logp, adv, mask, 0.2, 0.28, 3.0)[mask].mean(),
+                np.where(inside_clamp & unclipped_wins & ~dual, -adv * ratio, 0.0) / n),
+        "kl": (lambda lp: losses.kl_loss(lp, rollout_logp, mask),
+               (np.expm1(d) - d)[mask].mean(), np.where(inside_clamp, 1 - np.exp(d), 0.0) / n),
+    }
+    for name, (fn, want_value, want_grad) in cases.items():
         value, grad = jax.value_and_grad(lambda lp: fn(lp)[0])(logp)
-        assert np.isfinite(value) and np.all(np.isfinite(grad))
-        assert not np.any(np.asarray(grad)[~mask])
+        np.testing.assert_allclose(value, want_value, **TOL, err_msg=name)
+        np.testing.assert_allclose(grad, want_grad, **TOL, err_msg=name)
+        assert not np.any(np.asarray(grad)[~mask]), name
+        if name != "kl":  # the reported mean ratio is of the clamped ratios (e^20 at most)
+            np.testing.assert_allclose(fn(logp)[1]["mean_ratio"], ratio[mask].mean(), **TOL, err_msg=name)
 
 
 @pytest.mark.parametrize("dual_clip", [None, 3.0])
@@ -156,12 +196,29 @@ def test_ppo_clip_matches_naive(dual_clip, mode):
     rng = np.random.default_rng(5)
     logp, rollout_logp, adv, mask = random_batch(rng)
     logp = np.where(mask & (rng.random(mask.shape) < 0.15), logp + 2.0, logp)  # some ratios >> 1 + eps
+    # two ratios between the low and the high clip width (0.72 < r < 0.8, 1.2 < r < 1.28): they tell the widths apart
+    (b0, t0), (b1, t1) = np.argwhere(mask)[:2]
+    logp[b0, t0], logp[b1, t1] = rollout_logp[b0, t0] + math.log(0.75), rollout_logp[b1, t1] + math.log(1.25)
+    b2, t2 = next((b, t) for b, t in np.argwhere(mask)[2:] if adv[b, t] < 0)
+    logp[b2, t2] = rollout_logp[b2, t2] + math.log(4.0)  # A < 0 and r > 3: the dual clip binds
     loss, aux = losses.ppo_clip_loss(logp, rollout_logp, adv, mask, eps_low=0.2, eps_high=0.28,
                                      dual_clip=dual_clip, loss_agg=mode)
     per_token = naive_ppo(logp, rollout_logp, adv, mask, 0.2, 0.28, dual_clip)
     np.testing.assert_allclose(loss, naive_aggregate(per_token, mask, mode), **TOL)
-    assert 0 < float(aux["clip_fraction"]) < 1
-    assert (float(aux["dual_clip_fraction"]) > 0) == (dual_clip is not None)
+    clipped = low = high = dual = 0
+    ratios = []
+    for b, t in zip(*np.nonzero(mask)):
+        r, a = math.exp(logp[b, t] - rollout_logp[b, t]), adv[b, t]
+        unclipped, clip = -a * r, -a * min(max(r, 0.8), 1.28)
+        clipped += clip > unclipped
+        low, high = low + (r < 0.8), high + (r > 1.28)
+        dual += dual_clip is not None and a < 0 and max(unclipped, clip) > -dual_clip * a
+        ratios.append(r)
+    n = mask.sum()
+    assert 0 < clipped < n and low and high and (dual > 0) == (dual_clip is not None)  # every branch is exercised
+    for key, want in (("clip_fraction", clipped / n), ("clip_low_fraction", low / n), ("clip_high_fraction", high / n),
+                      ("dual_clip_fraction", dual / n), ("mean_ratio", np.mean(ratios))):
+        np.testing.assert_allclose(aux[key], want, **TOL, err_msg=key)
 
 
 @pytest.mark.parametrize("value_clip", [None, 0.2])
@@ -178,7 +235,17 @@ def test_value_loss_matches_naive(value_clip):
             sq = max(sq, (vc - returns[b, t]) ** 2)
         per_token[b, t] = 0.5 * sq
     np.testing.assert_allclose(loss, per_token[mask].mean(), **TOL)
-    assert (float(aux["clip_fraction"]) > 0) == (value_clip is not None)
+    clipped = 0
+    if value_clip is not None:
+        for b, t in zip(*np.nonzero(mask)):
+            vc = old[b, t] + min(max(values[b, t] - old[b, t], -value_clip), value_clip)
+            clipped += (vc - returns[b, t]) ** 2 > (values[b, t] - returns[b, t]) ** 2
+        assert 0 < clipped < mask.sum()
+    residual = (returns - values)[mask]
+    np.testing.assert_allclose(aux["clip_fraction"], clipped / mask.sum(), **TOL)
+    np.testing.assert_allclose(aux["mean_value"], values[mask].mean(), **TOL)
+    np.testing.assert_allclose(aux["mean_return"], returns[mask].mean(), **TOL)
+    np.testing.assert_allclose(aux["explained_variance"], 1 - residual.var() / returns[mask].var(), **TOL)
     with pytest.raises(ValueError, match="old_values"):
         losses.value_loss(values, returns, mask, value_clip=0.2)
 
@@ -202,6 +269,17 @@ def test_kl_estimators():
     np.testing.assert_allclose(grad[-3:], -np.expm1(d[-3:]), rtol=1e-4)  # small d: no cancellation either
     with pytest.raises(ValueError, match="k3"):
         losses.kl_loss(logp[None], ref_logp[None], np.ones((1, d.size)), estimator="k4")
+    # the aggregated loss and its token-mean metric over a masked, two-row batch
+    mask = np.arange(2 * d.size).reshape(2, d.size) % 3 != 0
+    two_rows = np.stack([ref_logp, ref_logp[::-1]])
+    per_token = {"k1": -np.clip(two_rows, -20, 20), "k2": np.clip(two_rows, -20, 20) ** 2 / 2,
+                 "k3": np.stack([k3, k3[::-1]])}
+    for estimator, want in per_token.items():
+        loss, aux = losses.kl_loss(np.zeros_like(two_rows), two_rows, mask, estimator=estimator,
+                                   loss_agg="seq-mean-token-mean")
+        np.testing.assert_allclose(aux["mean_kl"], want[mask].mean(), rtol=1e-5, err_msg=estimator)
+        np.testing.assert_allclose(loss, np.mean([want[b][mask[b]].mean() for b in range(2)]), rtol=1e-5,
+                                   err_msg=estimator)
 
 
 def test_k3_kl_loss_is_unbiased_kl_estimate():
