@@ -19,7 +19,14 @@ def base_config(pipeline: str, arg: str | None) -> tuple[ml_collections.ConfigDi
     c.model = model_config(tiny)
     c.tokenizer = tokenizer_config(tiny)
     c.world = world_config(tiny)
+    c.train = train_config()
     return c, tiny
+
+
+def train_config() -> ml_collections.ConfigDict:
+    """What every training loop does on a non-finite loss or gradient (mercury_jax/train/guards.py): "raise" stops
+    the run naming the step; "skip" leaves the state as it was and goes on, at most `max_skipped` times a run."""
+    return ml_collections.ConfigDict(dict(nonfinite="raise", max_skipped=10))
 
 
 def model_config(tiny: bool) -> ml_collections.ConfigDict:

@@ -2,7 +2,9 @@
 
 Reads an ml_collections config (variants after `:`, overrides with `--config.key=value`), checks it before any
 work starts, initialises multi-host JAX when running on a pod, logs versions and devices, and runs the pipeline
-named by `config.pipeline`. A rerun with the same `--workdir` resumes from its last checkpoint.
+named by `config.pipeline`. A rerun with the same `--workdir` resumes from its last checkpoint, refusing a config
+that differs from the workdir's in a field that changes shapes or data (`--resume_force_config` overrides). A
+SIGTERM checkpoints the step in progress and exits with status 143 (`train/preemption.py`).
 """
 from __future__ import annotations
 
@@ -16,6 +18,9 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config fil
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (checkpoints, metrics, plots); default runs/NAME")
 _MULTIHOST = flags.DEFINE_bool("multihost", None, "call jax.distributed.initialize() (default: auto on pods)")
+_RESUME_FORCE_CONFIG = flags.DEFINE_bool(
+    "resume_force_config", False, "resume a workdir even though its config.json differs from this config in fields "
+    "that change shapes or data (model, tokenizer, world, seed, ...; train/resume.py RESUME_FIELDS)")
 
 
 def _is_multihost() -> bool:
@@ -46,8 +51,12 @@ def main(argv):
           f"jax {jax.__version__}, flax {flax.__version__}, backend {jax.default_backend()}, {jax.device_count()} "
           f"devices ({jax.local_device_count()} local), process {jax.process_index()}/{jax.process_count()}",
           flush=True)
+    from mercury_jax.train.resume import check_run_config  # a rerun resumes: it must be the same run
+    check_run_config(workdir, config, force=_RESUME_FORCE_CONFIG.value)
     from mercury_jax.export import save_run_config  # workdir/config.json: lets `mercury_jax.export` rebuild the model
     save_run_config(config, workdir)
+    from mercury_jax.train import preemption  # SIGTERM: checkpoint the current step, then exit 143
+    preemption.install()
     from mercury_jax.train.pipelines import PIPELINES
     PIPELINES[config.pipeline](config, workdir)
 

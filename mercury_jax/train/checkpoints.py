@@ -2,7 +2,8 @@
 (step, data-iterator state, metric history), saved asynchronously every N steps, keeping the last K.
 
 Resuming restores the arrays into the shapes/shardings of a freshly built state, so a killed run continues with
-the same weights, optimiser moments, RNG and data order.
+the same weights, optimiser moments, RNG and data order. A preemption request (`preemption.py`) makes the next
+`should_save` true; the loops never save a non-finite state (`guards.py` stops or skips the step first).
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from mercury_jax.train import preemption
+
 
 class Checkpointer:
     def __init__(self, directory: str | Path, *, save_every: int, keep: int, async_save: bool = True):
@@ -20,6 +23,7 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
                                                create=True)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
+        self._closed = False
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -28,7 +32,8 @@ class Checkpointer:
         return sorted(self.manager.all_steps())
 
     def should_save(self, step: int, *, last: bool = False) -> bool:
-        return last or (self.save_every > 0 and step % self.save_every == 0)
+        """Every `save_every` steps, at the last step, and after any step once a preemption was requested."""
+        return last or preemption.requested() or (self.save_every > 0 and step % self.save_every == 0)
 
     def save(self, step: int, arrays: Any, meta: dict) -> None:
         self.manager.save(step, args=ocp.args.Composite(arrays=ocp.args.StandardSave(arrays),
@@ -48,5 +53,17 @@ class Checkpointer:
         self.manager.wait_until_finished()
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
+        """Wait for the saves in flight (their steps become restorable) and release the manager; idempotent."""
+        if not self._closed:
+            self._closed = True
+            self.manager.wait_until_finished()
+            self.manager.close()
+
+    def close_after_error(self) -> None:
+        """`close` while another exception is on its way out (a non-finite step, a preemption, a failure): the last
+        good step being saved still gets committed, and a failure to do so is printed, not raised over that one."""
+        try:
+            self.close()
+        except Exception as error:  # noqa: BLE001
+            print(f"checkpointer {self.directory}: closing after an error failed with {type(error).__name__}: "
+                  f"{error}", flush=True)

@@ -16,6 +16,8 @@ then `ppo_epochs` x `minibatches` actor updates run and the new weights go to th
 Checkpoints `workdir/grpo/checkpoints/STEP` hold `{"actor": actor.arrays()}` (params, frozen, opt_state) and
 meta {step, version, states_consumed}; step 0 is the starting policy, saved before the first update (the
 checkpoint sweep compares every step against it). A rerun with the same workdir resumes from the latest one.
+A non-finite update raises `NonFiniteError` naming the step before anything of it is saved, or with
+`train.nonfinite="skip"` ends the step's updates (no new version); SIGTERM checkpoints the step (`preemption.py`).
 """
 from __future__ import annotations
 
@@ -33,13 +35,15 @@ from mercury_jax.parallel import shard_params
 from mercury_jax.rl.advantages import group_advantages
 from mercury_jax.rollout.engine import Engine, Request, Sample
 from mercury_jax.rollout.episode import EpisodeRunner, decode_known
-from mercury_jax.train import setup
+from mercury_jax.train import preemption, setup
 from mercury_jax.train.checkpoints import Checkpointer
+from mercury_jax.train.guards import NonFiniteGuard
 from mercury_jax.train.grpo_learner import frozen_reference, make_grpo_step, make_reference_logprobs
 from mercury_jax.train.metrics import MetricsLogger
 from mercury_jax.train.optim import make_optimizer
 from mercury_jax.train.placement import batch_to_mesh, device_copy, group_meshes, onto_mesh, shardings_of
 from mercury_jax.train.pivot_data import build_pivots, prompt_ids, read_pivots, task_tool_schemas
+from mercury_jax.train.resume import truncate_jsonl
 from mercury_jax.train.sao import TaskStream
 from mercury_jax.train.state import TrainState
 
@@ -88,51 +92,61 @@ def run_grpo(config: ml_collections.ConfigDict, workdir: Path):
 
     logger = MetricsLogger(workdir / "grpo", total_steps=cfg.steps, name="grpo", window=cfg.log_window)
     logger.truncate(start)
-    truncate_samples(workdir / "grpo" / "samples.jsonl", start)
-    for step in range(start + 1, cfg.steps + 1):
-        t0 = time.perf_counter()
-        batch_states = stream.take(cfg.batch_states)
-        samples = sample_continuations(engine, batch_states, stream.consumed - len(batch_states), cfg.group_size,
-                                       rcfg, tokenizer, seed=config.seed)
-        rollout_s = time.perf_counter() - t0
-        scores = [[score_continuation(state, sample, tokenizer, rules) for sample in group]
-                  for state, group in zip(batch_states, samples)]
-        rewards_GxK = np.array([[s["reward"] for s in group] for group in scores], np.float32)
-        advantages_GxK, group_stats = group_advantages(rewards_GxK, std_normalize=cfg.std_normalize,
-                                                       return_stats=True)
-        keep_G = np.ones(len(batch_states), bool)
-        if cfg.filter_zero_variance:
-            keep_G = np.asarray(group_stats["keep"])
-        host_batch = continuation_batch(batch_states, samples, np.asarray(advantages_GxK), keep_G, length,
-                                        pad_id=tokenizer.pad_id)
-        metrics = {**outcome_metrics(batch_states, scores, samples),
-                   "zero_variance_fraction": float(group_stats["zero_variance_fraction"]),
-                   "num_zero_variance": int(group_stats["num_zero_variance"]), "groups_kept": int(keep_G.sum()),
-                   "advantage_abs_mean": float(np.abs(advantages_GxK).mean())}
-        t1 = time.perf_counter()
-        if keep_G.any():
-            host_batch["ref_logprobs"] = np.asarray(jax.device_get(reference_logprobs(
-                reference_state, batch_to_mesh({"tokens": host_batch["tokens"]}, meshes["actor"])["tokens"])))
-            reference_s = time.perf_counter() - t1
-            metrics.update(update_actor(actor, actor_step, host_batch, meshes["actor"], cfg, seed=config.seed,
-                                        step=step))
-            version += 1
-            engine.update_weights(rollout_model(), version)
-        else:  # nothing to learn from (every group filtered): no optimiser step, so Adam's momentum cannot move us
-            reference_s = 0.0
-            print(f"[grpo] step {step}: every group has zero reward variance; update skipped", flush=True)
-        step_s = time.perf_counter() - t0
-        all_tokens = int(sum(len(s["prompt_ids"]) + len(c.tokens) for s, g in zip(batch_states, samples) for c in g))
-        generated = int(sum(len(c.tokens) for g in samples for c in g))
-        metrics.update(update_skipped=int(not keep_G.any()), policy_version=version, states_consumed=stream.consumed,
-                       tokens_per_s=all_tokens / step_s, generated_tokens_per_s=generated / max(rollout_s, 1e-9),
-                       rollout_s=rollout_s, reference_s=reference_s, learner_s=time.perf_counter() - t1 - reference_s,
-                       batch_length=length, step_time_s=step_s)
-        logger.log(step, metrics, progress_keys=PROGRESS)
-        write_samples(workdir / "grpo" / "samples.jsonl", step, batch_states, samples, scores, tokenizer)
-        if checkpointer.should_save(step, last=step == cfg.steps):
-            checkpointer.save(step, {"actor": actor.arrays()},
-                              {"step": step, "version": version, "states_consumed": stream.consumed})
+    truncate_jsonl(workdir / "grpo" / "samples.jsonl", start)
+    guard = NonFiniteGuard.from_config(config.get("train"), name="grpo", history=logger.history)
+    try:
+        for step in range(start + 1, cfg.steps + 1):
+            t0 = time.perf_counter()
+            batch_states = stream.take(cfg.batch_states)
+            samples = sample_continuations(engine, batch_states, stream.consumed - len(batch_states), cfg.group_size,
+                                           rcfg, tokenizer, seed=config.seed)
+            rollout_s = time.perf_counter() - t0
+            scores = [[score_continuation(state, sample, tokenizer, rules) for sample in group]
+                      for state, group in zip(batch_states, samples)]
+            rewards_GxK = np.array([[s["reward"] for s in group] for group in scores], np.float32)
+            advantages_GxK, group_stats = group_advantages(rewards_GxK, std_normalize=cfg.std_normalize,
+                                                           return_stats=True)
+            keep_G = np.ones(len(batch_states), bool)
+            if cfg.filter_zero_variance:
+                keep_G = np.asarray(group_stats["keep"])
+            host_batch = continuation_batch(batch_states, samples, np.asarray(advantages_GxK), keep_G, length,
+                                            pad_id=tokenizer.pad_id)
+            metrics = {**outcome_metrics(batch_states, scores, samples),
+                       "zero_variance_fraction": float(group_stats["zero_variance_fraction"]),
+                       "num_zero_variance": int(group_stats["num_zero_variance"]), "groups_kept": int(keep_G.sum()),
+                       "advantage_abs_mean": float(np.abs(advantages_GxK).mean())}
+            t1 = time.perf_counter()
+            if keep_G.any():
+                host_batch["ref_logprobs"] = np.asarray(jax.device_get(reference_logprobs(
+                    reference_state, batch_to_mesh({"tokens": host_batch["tokens"]}, meshes["actor"])["tokens"])))
+                reference_s = time.perf_counter() - t1
+                learner_metrics, applied = update_actor(actor, actor_step, host_batch, meshes["actor"], cfg,
+                                                        seed=config.seed, step=step, guard=guard)
+                metrics.update(learner_metrics)
+                if applied:
+                    version += 1
+                    engine.update_weights(rollout_model(), version)
+            else:  # nothing to learn from (every group filtered): no optimiser step, so Adam's momentum cannot move us
+                reference_s = 0.0
+                print(f"[grpo] step {step}: every group has zero reward variance; update skipped", flush=True)
+            step_s = time.perf_counter() - t0
+            all_tokens = int(sum(len(s["prompt_ids"]) + len(c.tokens)
+                                 for s, g in zip(batch_states, samples) for c in g))
+            generated = int(sum(len(c.tokens) for g in samples for c in g))
+            metrics.update(update_skipped=int(not keep_G.any()), nonfinite_skipped=guard.skipped,
+                           policy_version=version, states_consumed=stream.consumed, tokens_per_s=all_tokens / step_s,
+                           generated_tokens_per_s=generated / max(rollout_s, 1e-9), rollout_s=rollout_s,
+                           reference_s=reference_s, learner_s=time.perf_counter() - t1 - reference_s,
+                           batch_length=length, step_time_s=step_s)
+            logger.log(step, metrics, progress_keys=PROGRESS)
+            write_samples(workdir / "grpo" / "samples.jsonl", step, batch_states, samples, scores, tokenizer)
+            if checkpointer.should_save(step, last=step == cfg.steps):
+                checkpointer.save(step, {"actor": actor.arrays()},
+                                  {"step": step, "version": version, "states_consumed": stream.consumed})
+            preemption.exit_if_requested(step, "grpo", checkpointer)
+    except BaseException:  # a non-finite step, a preemption, a failure: the last good save still gets committed
+        checkpointer.close_after_error()
+        raise
     checkpointer.close()
     logger.plot(["reward", "outcome_correct_stop", "over_search_rate", "stop_rate_sufficient", "premature_rate",
                  "zero_variance_fraction", "kl", "clip_fraction", "grad_norm"], "grpo_curves.png")
@@ -310,24 +324,21 @@ def write_samples(path: Path, step: int, states: list[dict], samples: list[list[
                                     "text": decode_known(tokenizer, sample.tokens)[0]}) + "\n")
 
 
-def truncate_samples(path: Path, last_step: int) -> None:
-    """Drop sample records after `last_step` (a resumed run replays those steps)."""
-    if path.exists():
-        kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= last_step]
-        path.write_text("".join(line + "\n" for line in kept))
-
-
 def update_actor(actor: TrainState, actor_step, host_batch: dict, mesh, cfg: ml_collections.ConfigDict, *,
-                 seed: int, step: int) -> dict:
+                 seed: int, step: int, guard: NonFiniteGuard | None = None) -> tuple[dict, bool]:
     """`ppo_epochs` passes of `minibatches` optimiser steps over the batch (in place on `actor`); returns the
-    learner metrics averaged over the updates."""
+    learner metrics averaged over the updates, and whether every update was applied: a non-finite one (which
+    changed nothing) raises through `guard` or ends the step's updates (False)."""
+    guard = guard or NonFiniteGuard(name="grpo")
     updates = []
     for epoch in range(cfg.ppo_epochs):
         for rows in minibatch_rows(len(host_batch["tokens"]), cfg.minibatches, seed, step, epoch):
             minibatch = batch_to_mesh({k: v[rows] for k, v in host_batch.items()}, mesh)
             actor.params, actor.opt_state, update = actor_step(actor.params, actor.frozen, actor.opt_state, minibatch)
             updates.append(jax.device_get(update))
-    return {k: float(np.mean([u[k] for u in updates])) for k in LEARNER_KEYS}
+            if not guard.check(step, updates[-1], what=f"actor update (epoch {epoch})"):
+                return {k: float(np.mean([u[k] for u in updates])) for k in LEARNER_KEYS}, False
+    return {k: float(np.mean([u[k] for u in updates])) for k in LEARNER_KEYS}, True
 
 
 def minibatch_rows(rows: int, minibatches: int, seed: int, step: int, epoch: int) -> list[np.ndarray]:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mercury_jax.train.resume import read_jsonl, write_jsonl
+
 
 class MetricsLogger:
     def __init__(self, workdir: str | Path, *, total_steps: int, window: int = 20, name: str = "train",
@@ -22,8 +24,8 @@ class MetricsLogger:
         self.name = name
         self.stream = stream
         self.history: list[dict] = []
-        if self.path.exists():  # a resumed run keeps its earlier curve
-            self.history = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        if self.path.exists():  # a resumed run keeps its earlier curve (a torn last line is dropped)
+            self.history = read_jsonl(self.path)
         self._writer = None
         if tensorboard:
             from tensorboardX import SummaryWriter
@@ -34,7 +36,7 @@ class MetricsLogger:
     def truncate(self, last_step: int) -> None:
         """Drop records after `last_step` (a resumed run replays those steps)."""
         self.history = [r for r in self.history if r["step"] <= last_step]
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in self.history))
+        write_jsonl(self.path, self.history)
 
     def log(self, step: int, metrics: dict, *, progress_keys: tuple[str, ...] = ()) -> dict:
         record = {"step": step, **{k: _scalar(v) for k, v in metrics.items()}}

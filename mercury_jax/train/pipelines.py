@@ -36,7 +36,7 @@ def run_sft_pipeline(config: ml_collections.ConfigDict, workdir: str | Path):
     model = setup.build_model(config.model, tokenizer.vocab_size, config.seed)
     model, history = run_sft(config.sft, model, sequences, workdir / "sft", seed=config.seed,
                              checkpoint_cfg=config.sft.get("checkpoint") or config.checkpoint,
-                             pad_id=tokenizer.pad_id)
+                             pad_id=tokenizer.pad_id, train_cfg=config.get("train"))
     summary = {"final_loss": history[-1]["loss"] if history else None, "steps": config.sft.steps}
     (workdir / "sft_summary.json").write_text(json.dumps(summary, indent=2))
     return model, tokenizer

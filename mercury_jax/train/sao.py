@@ -10,6 +10,10 @@ background (no barrier: it keeps generating while the learner trains), takes the
 trajectories, drops those more than `sao.max_staleness` versions old (counted in `dropped_stale`), and publishes
 new weights into the running worker. An async resume restarts from the tasks handed out at the checkpoint
 (episodes in flight then are not replayed), so it is not bit-exact.
+
+A non-finite critic or actor update raises `NonFiniteError` naming the step (or, with `train.nonfinite="skip"`,
+skips the rest of the step: no publish, no version); a SIGTERM checkpoints the step and exits (`preemption.py`);
+a resume drops the held-out rows written after its checkpoint (`resume.py`), so none is logged twice.
 """
 from __future__ import annotations
 
@@ -27,11 +31,13 @@ from mercury_jax.rollout.engine import Engine
 from mercury_jax.rollout.episode import EpisodeRunner
 from mercury_jax.rollout.trajectory import Trajectory, batch_trajectories
 from mercury_jax.rollout.worker import RolloutWorker
-from mercury_jax.train import setup
+from mercury_jax.train import preemption, setup
 from mercury_jax.train.checkpoints import Checkpointer
+from mercury_jax.train.guards import NonFiniteGuard
 from mercury_jax.train.metrics import MetricsLogger, plot_evaluations
 from mercury_jax.train.optim import make_optimizer
 from mercury_jax.train.placement import batch_to_mesh, device_copy, group_meshes, onto_mesh, shardings_of
+from mercury_jax.train.resume import read_jsonl, truncate_jsonl
 from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step
 from mercury_jax.train.sft import epoch_order
 from mercury_jax.train.state import TrainState
@@ -109,6 +115,14 @@ def _batch_length(trajectories: list[Trajectory], limit: int) -> int:
     bucket = 128 if limit <= 4096 else 2048
     ceiling = -(-limit // bucket) * bucket
     return min(-(-max(len(t.tokens) for t in trajectories) // bucket) * bucket, ceiling)
+
+
+def _stop_quietly(worker: RolloutWorker) -> None:
+    """Stop the rollout worker while another exception is on its way out (its own error would mask that one)."""
+    try:
+        worker.stop(timeout=60)
+    except Exception as error:  # noqa: BLE001
+        print(f"[sao] rollout worker stopped with {type(error).__name__}: {error}", flush=True)
 
 
 def run_sao(config: ml_collections.ConfigDict, workdir: Path):
@@ -214,59 +228,77 @@ def run_sao(config: ml_collections.ConfigDict, workdir: Path):
     if start == 0:
         evals_path.parent.mkdir(parents=True, exist_ok=True)
         evals_path.write_text(json.dumps({"step": 0, **evaluate("warm start")}) + "\n")
+    else:  # rows after the checkpoint (an evaluation written just before a kill) are replayed
+        truncate_jsonl(evals_path, start)
 
     logger = MetricsLogger(workdir / "sao", total_steps=cfg.steps, name="sao", window=cfg.log_window)
     logger.truncate(start)
-    for step in range(start + 1, cfg.steps + 1):
-        t0 = time.perf_counter()
-        if worker is not None and not worker.running:
-            worker.start()
-        trajectories, dropped = collect(cfg.batch_prompts)
-        rollout_s = time.perf_counter() - t0
-        staleness = np.array([version - t.policy_version for t in trajectories])
-        length = _batch_length(trajectories, rcfg.max_total_tokens)
-        host_batch = batch_trajectories(trajectories, length, pad_id=tokenizer.pad_id)
-        del host_batch["lengths"]
+    guard = NonFiniteGuard.from_config(config.get("train"), name="sao", history=logger.history)
+    try:
+        for step in range(start + 1, cfg.steps + 1):
+            t0 = time.perf_counter()
+            if worker is not None and not worker.running:
+                worker.start()
+            trajectories, dropped = collect(cfg.batch_prompts)
+            rollout_s = time.perf_counter() - t0
+            staleness = np.array([version - t.policy_version for t in trajectories])
+            length = _batch_length(trajectories, rcfg.max_total_tokens)
+            host_batch = batch_trajectories(trajectories, length, pad_id=tokenizer.pad_id)
+            del host_batch["lengths"]
 
-        critic_batch = batch_to_mesh(host_batch, meshes["critic"])
-        adv, returns, values, adv_stats = advantage_fn(critic_state.params, critic_state.frozen, critic_batch)
-        critic_batch.update(returns=returns, old_values=values)
-        for _ in range(cfg.critic_epochs):
-            params, opt_state, critic_metrics = critic_step(critic_state.params, critic_state.frozen,
-                                                            critic_state.opt_state, critic_batch)
-            critic_state.params, critic_state.opt_state = params, opt_state
-        metrics = {**trajectory_metrics(trajectories), **jax.device_get(adv_stats),
-                   "value_loss": float(critic_metrics["value_loss"]), "critic_grad_norm":
-                   float(critic_metrics["grad_norm"])}
-        if step > cfg.critic_only_steps:
-            actor_batch = batch_to_mesh({**host_batch, "advantages": np.asarray(adv)}, meshes["actor"])
-            params, opt_state, actor_metrics = actor_step(actor.params, actor.frozen, actor.opt_state, actor_batch)
-            actor.params, actor.opt_state = params, opt_state
-            version += 1
-            publish()
-            metrics.update({k: float(v) for k, v in jax.device_get(actor_metrics).items() if k != "loss"})
-        step_s = time.perf_counter() - t0
-        tokens = sum(len(t.tokens) for t in trajectories)
-        metrics.update(staleness_mean=float(staleness.mean()), staleness_max=int(staleness.max()),
-                       dropped_stale=dropped,
-                       policy_version=version, tokens_per_s=tokens / step_s, rollout_s=rollout_s,
-                       learner_s=step_s - rollout_s, batch_length=length, step_time_s=step_s)
-        logger.log(step, metrics, progress_keys=PROGRESS)
-        if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
-            with evals_path.open("a") as f:
-                f.write(json.dumps({"step": step, **evaluate(f"step {step}")}) + "\n")
-        if checkpointer.should_save(step, last=step == cfg.steps):
-            checkpointer.save(step, {"actor": actor.arrays(), "critic": critic_state.arrays()},
-                              {"step": step, "version": version, "tasks_consumed": stream.consumed})
+            critic_batch = batch_to_mesh(host_batch, meshes["critic"])
+            adv, returns, values, adv_stats = advantage_fn(critic_state.params, critic_state.frozen, critic_batch)
+            critic_batch.update(returns=returns, old_values=values)
+            applied = True  # a non-finite critic or actor update skips the rest of the step (guards.py)
+            for _ in range(cfg.critic_epochs):
+                params, opt_state, critic_metrics = critic_step(critic_state.params, critic_state.frozen,
+                                                                critic_state.opt_state, critic_batch)
+                critic_state.params, critic_state.opt_state = params, opt_state
+                critic_metrics = jax.device_get(critic_metrics)
+                applied = guard.check(step, critic_metrics, what="critic update")
+                if not applied:
+                    break
+            metrics = {**trajectory_metrics(trajectories), **jax.device_get(adv_stats),
+                       "value_loss": float(critic_metrics["value_loss"]), "critic_grad_norm":
+                       float(critic_metrics["grad_norm"])}
+            if step > cfg.critic_only_steps and applied:
+                actor_batch = batch_to_mesh({**host_batch, "advantages": np.asarray(adv)}, meshes["actor"])
+                params, opt_state, actor_metrics = actor_step(actor.params, actor.frozen, actor.opt_state,
+                                                              actor_batch)
+                actor.params, actor.opt_state = params, opt_state
+                actor_metrics = jax.device_get(actor_metrics)
+                applied = guard.check(step, actor_metrics, what="actor update")
+                if applied:
+                    version += 1
+                    publish()
+                metrics.update({k: float(v) for k, v in actor_metrics.items() if k != "loss"})
+            step_s = time.perf_counter() - t0
+            tokens = sum(len(t.tokens) for t in trajectories)
+            metrics.update(staleness_mean=float(staleness.mean()), staleness_max=int(staleness.max()),
+                           dropped_stale=dropped, nonfinite_skipped=guard.skipped,
+                           policy_version=version, tokens_per_s=tokens / step_s, rollout_s=rollout_s,
+                           learner_s=step_s - rollout_s, batch_length=length, step_time_s=step_s)
+            logger.log(step, metrics, progress_keys=PROGRESS)
+            if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
+                with evals_path.open("a") as f:
+                    f.write(json.dumps({"step": step, **evaluate(f"step {step}")}) + "\n")
+            if checkpointer.should_save(step, last=step == cfg.steps):
+                checkpointer.save(step, {"actor": actor.arrays(), "critic": critic_state.arrays()},
+                                  {"step": step, "version": version, "tasks_consumed": stream.consumed})
+            preemption.exit_if_requested(step, "sao", checkpointer)
+    except BaseException:  # a non-finite step, a preemption, a failure: the worker thread must not outlive the loop
+        if worker is not None:
+            _stop_quietly(worker)
+        checkpointer.close_after_error()  # the last good save still gets committed
+        raise
     if worker is not None:
         worker.stop()
     checkpointer.close()
-    final = None
-    if start < cfg.steps:
-        final = evaluate("after SAO")
+    evaluations = read_jsonl(evals_path)
+    if not any(e["step"] == cfg.steps and e["label"] == "after SAO" for e in evaluations):
+        evaluations.append({"step": cfg.steps, **evaluate("after SAO")})
         with evals_path.open("a") as f:
-            f.write(json.dumps({"step": cfg.steps, **final}) + "\n")
-        evaluations = [json.loads(line) for line in evals_path.read_text().splitlines() if line.strip()]
+            f.write(json.dumps(evaluations[-1]) + "\n")
         write_eval_summary(evaluations, workdir / "sao" / "eval_summary.json")
         plot_evaluations(evaluations, workdir / "sao" / "sao_heldout.png",
                          title=f"SAO held-out evaluations ({len(eval_tasks)} tasks, the same seeds each time)")

@@ -38,6 +38,12 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
                           f"python -m mercury_jax.envs.generate --out DIR")
     if "behaviour" in config:
         _validate_behaviour(config.behaviour)
+    if "train" in config:
+        from mercury_jax.train.guards import NonFiniteGuard
+        try:
+            NonFiniteGuard.from_config(config.train, name=pipeline)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
     if pipeline == "sao":
         _validate_sao(config)
     if pipeline == "grpo":

@@ -1,0 +1,113 @@
+"""Resume hygiene shared by the training loops: run logs that survive a kill, and a resumed run that must be the
+same run.
+
+- JSONL logs (metrics, SAO's evals.jsonl, GRPO's samples.jsonl) are appended line by line, so a kill can leave the
+  last line torn: `read_jsonl` drops it with a warning (and rewrites the file, so the next append starts on a
+  line of its own); a bad line anywhere else is corruption and raises `ResumeError`.
+- A resumed run replays the steps after its checkpoint, so rows logged after that step (e.g. an evaluation
+  written just before a kill, its checkpoint never committed) are dropped first: `truncate_jsonl`.
+- A rerun in a workdir holds that run's state (checkpoints, tokenizer, datasets). `check_run_config` compares the
+  new config with the workdir's `config.json` on the fields that change shapes or data (`RESUME_FIELDS`) and
+  refuses a mismatch, naming each field, unless forced.
+"""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+# Fields (dotted prefixes) a resumed run must share with the run that wrote the checkpoints: they change the
+# parameters' shapes, the tokenizer, the tasks / states, or which data each step sees. Anything else (steps,
+# learning rates, cadences, devices, budgets) may change on a resume.
+RESUME_FIELDS = ("pipeline", "seed", "model", "tokenizer", "world", "oracle", "sft.enabled", "sft.row_length",
+                 "sft.batch_rows", "sao.batch_prompts", "grpo.batch_states", "grpo.group_size", "grpo.pivots_path",
+                 "grpo.pivot_source", "grpo.pivot_kinds", "grpo.pivot_tasks", "grpo.pivot_task_seed")
+
+
+class ResumeError(ValueError):
+    """The workdir's state cannot be resumed as it is."""
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """The records of a JSONL log ([] when missing). A torn last line (a kill mid-write) is dropped with a
+    warning and the file rewritten without it; an unreadable line before the last raises `ResumeError`."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    text = path.read_text()
+    lines = [line for line in text.splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            if number < len(lines):
+                raise ResumeError(f"{path} line {number} is not JSON ({error}) and is not the last line, so it is "
+                                  f"not a write cut short by a kill; repair or delete the file to resume") from error
+            warnings.warn(f"{path}: dropped a torn last line ({len(line)} characters, a kill mid-write); the "
+                          f"resumed run logs that step again", stacklevel=2)
+            write_jsonl(path, records)
+            return records
+    if text and not text.endswith("\n"):  # cut just before its newline: complete, but the next append would join it
+        write_jsonl(path, records)
+    return records
+
+
+def write_jsonl(path: str | Path, records: list[dict]) -> None:
+    """Replace the file with `records`, one JSON object a line (through a temporary file and a rename)."""
+    path = Path(path)
+    staging = path.with_name(path.name + ".tmp")
+    staging.write_text("".join(json.dumps(r) + "\n" for r in records))
+    staging.replace(path)
+
+
+def truncate_jsonl(path: str | Path, last_step: int) -> list[dict]:
+    """Keep the records with `step <= last_step` (a resumed run replays the later steps); returns them."""
+    records = [r for r in read_jsonl(path) if r["step"] <= last_step]
+    if Path(path).exists():
+        write_jsonl(path, records)
+    return records
+
+
+def differing_fields(saved: dict, current: dict, fields: tuple[str, ...] = RESUME_FIELDS) -> dict:
+    """{dotted field: (saved value, current value)} for every leaf under `fields` that differs (a field only one
+    side has counts as differing, a field neither has does not)."""
+    saved_flat, current_flat = _flatten(saved), _flatten(current)
+    out = {}
+    for key in sorted(set(saved_flat) | set(current_flat)):
+        if any(key == f or key.startswith(f + ".") for f in fields):
+            before, after = saved_flat.get(key, "<absent>"), current_flat.get(key, "<absent>")
+            if before != after:
+                out[key] = (before, after)
+    return out
+
+
+def check_run_config(workdir: str | Path, config, *, force: bool = False) -> dict:
+    """Compare `config` (a ConfigDict) with `workdir/config.json` when the workdir holds an earlier run; raise
+    `ResumeError` naming the differing `RESUME_FIELDS` unless `force` (then warn). Returns the differences."""
+    path = Path(workdir) / "config.json"
+    if not path.exists():
+        return {}
+    saved = json.loads(path.read_text())
+    current = json.loads(config.to_json_best_effort())  # tuples -> lists, as config.json holds them
+    differences = differing_fields(saved, current)
+    if not differences:
+        return {}
+    listed = "; ".join(f"{k}: {before!r} in the workdir's run, {after!r} now" for k, (before, after) in
+                       differences.items())
+    if force:
+        warnings.warn(f"resuming {workdir} with a config that differs in shape/data fields (forced): {listed}",
+                      stacklevel=2)
+        return differences
+    raise ResumeError(f"{workdir} holds a run whose config differs from this one in fields that change shapes or "
+                      f"data: {listed}. Use a new --workdir, restore those fields, or pass --resume_force_config to "
+                      f"resume anyway")
+
+
+def _flatten(tree, prefix: str = "") -> dict:
+    if isinstance(tree, dict):
+        out = {}
+        for key, value in tree.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: tree}
