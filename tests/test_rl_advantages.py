@@ -114,7 +114,11 @@ def test_unattributable_reward_is_an_error_eagerly_and_reported_under_jit():
         adv_lib.skip_observation_gae(rewards, np.zeros((3, 3)), mask, gamma=1.0, lam=1.0)
     np.testing.assert_array_equal(adv_lib.unattributable_reward(rewards, mask), [1.0, 2.0, 0.0])
     traced = jax.jit(lambda r, m: adv_lib.skip_observation_gae(r, jnp.zeros((3, 3)), m, gamma=1.0, lam=1.0))
-    traced(rewards, mask)  # no eager check possible; unattributable_reward is the in-graph report
+    # no eager check possible under jit (unattributable_reward is the in-graph report): the prompt reward of row 0
+    # and the reward of the action-less row 1 are dropped, row 2's terminal reward reaches every action token
+    adv, ret = traced(rewards, mask)
+    np.testing.assert_array_equal(adv, [[0, 0, 0], [0, 0, 0], [1, 1, 1]])
+    np.testing.assert_array_equal(ret, [[0, 0, 0], [0, 0, 0], [1, 1, 1]])
     with pytest.raises(ValueError, match="masked"):
         adv_lib.check_rewards(np.array([[0, 1.0, 0]]), np.array([[1, 0, 1]]), strict=True)
     adv_lib.check_rewards(np.array([[0, 1.0, 0]]), np.array([[1, 0, 1]]))  # movable: fine when not strict
@@ -159,7 +163,11 @@ def test_masked_whiten_and_broadcast():
     x = rng.normal(size=(3, 9)) * 3 + 1
     mask = rng.random((3, 9)) < 0.6
     w = np.asarray(adv_lib.masked_whiten(x, mask))
-    assert abs(w[mask].mean()) < 1e-5 and abs(w[mask].std() - 1) < 1e-4 and not w[~mask].any()
+    mean, var = x[mask].mean(), x[mask].var()  # population variance over the masked-in entries
+    np.testing.assert_allclose(w, np.where(mask, (x - mean) / np.sqrt(var + 1e-8), 0.0), rtol=1e-5, atol=1e-6)
+    scaled = np.asarray(adv_lib.masked_whiten(x, mask, shift_mean=False))
+    np.testing.assert_allclose(scaled, np.where(mask, (x - mean) / np.sqrt(var + 1e-8) + mean, 0.0), rtol=1e-5,
+                               atol=1e-6)
     b = adv_lib.broadcast_to_tokens(np.array([1.0, -2.0, 3.0]), mask)
     np.testing.assert_array_equal(b, np.where(mask, np.array([1.0, -2.0, 3.0])[:, None], 0.0))
 
@@ -186,3 +194,10 @@ def test_jit_and_sharded_batch_give_identical_results():
     for e, j, s in zip(eager, jitted(rewards, values, mask), sharded):
         np.testing.assert_array_equal(e, j)  # row-independent math: bitwise identical
         np.testing.assert_array_equal(e, s)
+    # and all three are the right values: the naive loop with lambda = max(0, 1 - 1 / (1.5 L)) per row
+    lengths = mask.sum(axis=1)
+    lam = np.array([max(0.0, 1 - 1 / (1.5 * n)) if n else 0.0 for n in lengths])
+    want_adv, _ = naive_gae(rewards, values, mask, 1.0, lam, np.zeros(batch))
+    _, want_ret = naive_gae(rewards, values, mask, 1.0, 1.0, np.zeros(batch))
+    for got, want in zip(sharded, (want_adv, want_ret, lam)):
+        np.testing.assert_allclose(got, want, atol=ATOL, rtol=RTOL)
