@@ -118,6 +118,9 @@ def test_index_and_shards_that_disagree(ckpt):
     (ckpt / INDEX).write_text(json.dumps({"weight_map": weight_map}))
     with pytest.raises(ShardIndexError, match=rf"holds tensor {NORM}, which \S+ does not list; regenerate"):
         load_hf(ckpt)
+    (ckpt / INDEX).write_text(json.dumps({"weight_map": {**weight_map, NORM: held_by, "model.ghost": held_by}}))
+    with pytest.raises(ShardIndexError, match=rf"maps \['model\.ghost'\] to \S+{held_by}, which does not hold them"):
+        load_hf(ckpt)
     (ckpt / INDEX).write_text("{not json")
     with pytest.raises(ShardIndexError, match=rf"{INDEX} is not valid JSON"):
         load_hf(ckpt)

@@ -172,6 +172,7 @@ class CheckpointReader:
                         f"the index")
                 raise ShardIndexError(f"{index} maps tensor {name} to {listed}, but it is stored in {rel}; "
                                       f"regenerate the index")
+        for rel in sorted(by_file):
             absent = sorted(by_file[rel] - held[rel])
             if absent:
                 raise ShardIndexError(f"{index} maps {absent[:5]}{' ...' if len(absent) > 5 else ''} to "

@@ -155,10 +155,17 @@ def load_hf(path: str | Path, *, dtype=jnp.float32, mesh=None, rules=None, stric
         reader.close()
 
 
-@functools.lru_cache(maxsize=8)
 def _abstract_model(cfg: Qwen35MoeConfig):
     """Graph and abstract state of the model for `cfg`: tracing the init takes seconds, so it is done once per
-    config (callers copy the state before filling it)."""
+    (hashable) config; callers copy the state before filling it."""
+    try:
+        return _traced_abstract_model(cfg)
+    except TypeError:  # a runtime override made the config unhashable
+        return _traced_abstract_model.__wrapped__(cfg)
+
+
+@functools.lru_cache(maxsize=8)
+def _traced_abstract_model(cfg: Qwen35MoeConfig):
     return nnx.split(nnx.eval_shape(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0))))
 
 
