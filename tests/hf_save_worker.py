@@ -16,6 +16,7 @@ import copy
 import functools
 import os
 import sys
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +63,8 @@ def main(weights_a: str, weights_b: str, target: str) -> None:
                     while True:
                         save_hf(models[which], target, **SAVE_KWARGS)
                         which = 1 - which
+                except BaseException:
+                    traceback.print_exc()
                 finally:
                     os._exit(1)
             print(pid, flush=True)

@@ -114,6 +114,32 @@ def test_overwrite_keeps_other_files_and_replaces_old_shards(models, weight_sets
     assert _leftovers(target) == [] and _which(target, weight_sets) == "B"
 
 
+def test_extra_files_are_part_of_the_same_swap(models, weight_sets, tmp_path, monkeypatch):
+    target = tmp_path / "exports" / "model"
+    save_hf(models[0], target, **SAVE_KWARGS, extra_files={"chat_template.jinja": "old", "tokenizer.json": b"{1}"})
+    source = tmp_path / "vocab.txt"
+    source.write_text("a b c")
+    all_steps = atomic_dir.replace_steps
+    monkeypatch.setattr(atomic_dir, "replace_steps", lambda t: all_steps(t)[:0])  # killed before the swap
+    save_hf(models[1], target, **SAVE_KWARGS, extra_files={"chat_template.jinja": "new", "vocab.txt": source})
+    assert (target / "chat_template.jinja").read_text() == "old" and not (target / "vocab.txt").exists()
+    monkeypatch.setattr(atomic_dir, "replace_steps", all_steps)
+    save_hf(models[1], target, **SAVE_KWARGS, extra_files={"chat_template.jinja": "new", "vocab.txt": source})
+    assert (target / "chat_template.jinja").read_text() == "new" and (target / "vocab.txt").read_text() == "a b c"
+    assert (target / "tokenizer.json").read_bytes() == b"{1}"  # carried over from the old export
+    assert _leftovers(target) == [] and _which(target, weight_sets) == "B"
+    for bad in ("config.json", "model-00001-of-00002.safetensors", "../escape.txt", "sub/file"):
+        with pytest.raises(ValueError, match="must be a plain file name"):
+            save_hf(models[0], target, **SAVE_KWARGS, extra_files={bad: "x"})
+
+
+def test_relative_paths_save_and_load(models, weight_sets, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert save_hf(models[0], "model", **SAVE_KWARGS) == Path("model")
+    save_hf(models[1], Path("model"), **SAVE_KWARGS)
+    assert _which("model", weight_sets) == "B" and _leftovers(tmp_path / "model") == []
+
+
 def test_a_symlinked_export_directory_stays_a_link_to_the_new_export(models, weight_sets, tmp_path):
     real, link = tmp_path / "real", tmp_path / "link"
     save_hf(models[0], real, **SAVE_KWARGS)

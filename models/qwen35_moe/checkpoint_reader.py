@@ -9,7 +9,7 @@ reported once, up front, with the file that has it:
 - every tensor lives in exactly one file, the one the index names.
 Tensors are then read one at a time (`fetch`, optionally a row slice), so host memory never holds the checkpoint.
 Keeping every shard open from the start also pins the files this reader saw: a save that replaces the directory
-meanwhile cannot mix its shards into this read.
+after construction cannot mix its shards into this read.
 """
 from __future__ import annotations
 

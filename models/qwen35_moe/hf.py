@@ -19,6 +19,7 @@ import functools
 import json
 import logging
 import re
+import shutil
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import Iterator
@@ -282,7 +283,8 @@ def hf_tensors(model: Qwen35MoeForCausalLM, *, experts: str = "fused", prefix: s
 
 
 def save_hf(model: Qwen35MoeForCausalLM, path: str | Path, *, dtype=jnp.bfloat16, experts: str = "fused",
-            max_shard_size: int | str = "5GB", round_fp32_tensors: bool = False, composite: bool = True) -> Path:
+            max_shard_size: int | str = "5GB", round_fp32_tensors: bool = False, composite: bool = True,
+            extra_files: dict[str, str | bytes | Path] | None = None) -> Path:
     """Write `model` as an HF checkpoint directory (released text-only layout) and return its path.
 
     Atomic (protocol in `atomic_dir`): the export is written into the sibling `.{name}.save-new`, fsynced, and
@@ -290,22 +292,35 @@ def save_hf(model: Qwen35MoeForCausalLM, path: str | Path, *, dtype=jnp.bfloat16
     Killed at any instant, `path` (as `load_hf` reads it) holds the old export or the new one, whole; the next
     save finishes or discards the interrupted one and leaves neither sibling behind. Entries of an existing
     `path` that an export does not write (tokenizer files, chat template, ...) are carried over by hard link;
-    its old weights, index and config are replaced. One writer per `path` at a time.
+    its old weights, index and config are replaced. `extra_files` (file name -> text, bytes, or a `Path` to copy)
+    are written inside the same swap, e.g. tokenizer files and a chat template. One writer per `path` at a time.
     """
+    extra_files = dict(extra_files or {})
+    for name in extra_files:
+        if Path(name).name != name or name in ("", ".", "..") or not _is_kept(name):
+            raise ValueError(f"extra_files name {name!r} must be a plain file name that save_hf does not write "
+                             f"itself (not {EXPORT_FILE_PATTERNS})")
     limit = _parse_size(max_shard_size)
     np_dtype = np.dtype(ml_dtypes.bfloat16) if jnp.dtype(dtype) == jnp.bfloat16 else np.dtype(jnp.dtype(dtype).name)
     prefix = EXPORT_PREFIX if composite else "model."
     dtype_name = "bfloat16" if np_dtype == np.dtype(ml_dtypes.bfloat16) else np_dtype.name
     config = model.config.to_hf(composite=composite, dtype=dtype_name)
 
-    def kept(name: str) -> bool:
-        return not any(fnmatch(name, pattern) for pattern in EXPORT_FILE_PATTERNS)
-
-    with replace_directory(path, keep_old=kept) as staging:
+    with replace_directory(path, keep_old=lambda name: _is_kept(name) and name not in extra_files) as staging:
         _write_export(model, staging, np_dtype=np_dtype, experts=experts, prefix=prefix, limit=limit,
                       round_fp32_tensors=round_fp32_tensors)
         (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        for name, content in extra_files.items():
+            if isinstance(content, Path):
+                shutil.copyfile(content, staging / name)
+            else:
+                (staging / name).write_bytes(content.encode() if isinstance(content, str) else content)
     return Path(path)
+
+
+def _is_kept(name: str) -> bool:
+    """Whether an entry of an existing export directory survives an overwrite (save_hf does not write it)."""
+    return not any(fnmatch(name, pattern) for pattern in EXPORT_FILE_PATTERNS)
 
 
 def _write_export(model: Qwen35MoeForCausalLM, out: Path, *, np_dtype, experts: str, prefix: str, limit: int,
