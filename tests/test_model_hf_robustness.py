@@ -137,7 +137,8 @@ def test_an_index_path_outside_the_directory_is_refused(ckpt, tmp_path, where):
     escaped = f"../outside/{first}" if where == "parent" else str(outside / first)
     (ckpt / INDEX).write_text(json.dumps({"weight_map": {n: escaped if f == first else f
                                                           for n, f in weight_map.items()}}))
-    with pytest.raises(ShardPathError, match=rf"maps tensor \S+ to '{re.escape(escaped)}', a path outside .*fix the index"):
+    pattern = rf"maps tensor \S+ to '{re.escape(escaped)}', a path outside .*fix the index"
+    with pytest.raises(ShardPathError, match=pattern):
         load_hf(ckpt)
 
 
@@ -200,25 +201,23 @@ def test_a_dangling_shard_link_names_its_target(ckpt):
     shard = ckpt / "model-00002-of-00002.safetensors"
     shard.unlink()
     shard.symlink_to("../blobs/abc123")
-    with pytest.raises(MissingShardError, match=rf"{re.escape(str(shard))} .* is a symlink to \.\./blobs/abc123, which does not "
-                                                r"exist; re-download"):
+    pattern = rf"{re.escape(str(shard))} .* is a symlink to \.\./blobs/abc123, which does not exist; re-download"
+    with pytest.raises(MissingShardError, match=pattern):
         load_hf(ckpt)
 
 
 # ---------------------------------------------------------------------------------------------- NaN / inf
-@pytest.mark.parametrize("name, rows, bad, counts", [
-    (QKV, slice(100, 101), np.nan, "1 NaN and 0 inf"),  # in the v rows: only the third slice read sees it
-    ("lm_head.weight", slice(5, 7), np.inf, "0 NaN and 128 inf"),
+@pytest.mark.parametrize("name, where, bad, counts, ours", [
+    # in the v rows of the fused q|k|v weight: only the third of its slice reads sees it
+    (QKV, (100, 0), np.nan, "1 NaN and 0 inf", "model/blocks/layers/2/mixer/v_proj"),
+    ("lm_head.weight", (slice(5, 7), slice(None)), np.inf, "0 NaN and 128 inf", "lm_head"),
 ])
-def test_a_nonfinite_weight_names_the_tensor(ckpt, name, rows, bad, counts):
-    def edit(t):
-        t[name][rows, :1 if bad is np.nan else None] = bad
-    _edit(ckpt, edit)
+def test_a_nonfinite_weight_names_the_tensor(ckpt, name, where, bad, counts, ours):
+    _edit(ckpt, lambda t: t[name].__setitem__(where, bad))
     with pytest.raises(NonFiniteWeightError, match=rf"tensor {name} in \S+model\.safetensors holds {counts} values "
                                                    r"\(of \d+\).*allow_nonfinite=True"):
         load_hf(ckpt)
-    assert not np.isfinite(_flat(load_hf(ckpt, allow_nonfinite=True))["lm_head" if "lm_head" in name
-                                                                        else "model/blocks/layers/2/mixer/v_proj"]).all()
+    assert not np.isfinite(_flat(load_hf(ckpt, allow_nonfinite=True))[ours]).all()
 
 
 def test_a_cast_that_overflows_is_named(ckpt):
@@ -235,6 +234,6 @@ def test_models_loaded_one_after_another_keep_their_own_weights(ckpt, source):
     """`load_hf` reuses one traced abstract model per config; each load must still get fresh variables."""
     _edit(ckpt, lambda t: t.__setitem__(NORM, t[NORM] + 1.0))
     first, second = load_hf(source), load_hf(ckpt)
-    a, b = _flat(first)["model/blocks/layers/0/input_norm/weight"], _flat(second)["model/blocks/layers/0/input_norm/weight"]
-    np.testing.assert_array_equal(b[0], a[0] + 1.0)
+    key = "model/blocks/layers/0/input_norm/weight"
+    np.testing.assert_array_equal(_flat(second)[key][0], _flat(first)[key][0] + 1.0)
     assert isinstance(CheckpointDtypeError("x"), CheckpointError) and isinstance(CheckpointError("x"), ValueError)
