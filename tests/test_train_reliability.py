@@ -141,6 +141,7 @@ def _steps(checkpoint_dir: Path) -> list[int]:
     return sorted(int(p.name) for p in checkpoint_dir.iterdir() if p.name.isdigit())
 
 
+@pytest.mark.slow
 def test_sft_nan_loss_stops_naming_the_step_and_keeps_the_last_finite_checkpoint(tmp_path):
     with pytest.raises(NonFiniteError, match=r"\[sft\] step 4: non-finite update"):
         run_sft(tmp_path, SFT_STEPS, poison_steps={4})
@@ -151,6 +152,7 @@ def test_sft_nan_loss_stops_naming_the_step_and_keeps_the_last_finite_checkpoint
     assert [r["step"] for r in read_jsonl(tmp_path / "sft_metrics.jsonl")] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_sft_skip_policy_leaves_the_state_and_counts_the_step(tmp_path):
     train = ml_collections.ConfigDict(dict(nonfinite="skip", max_skipped=1))
     _, history = run_sft(tmp_path, SFT_STEPS, poison_steps={3}, train=train, keep=10)
@@ -266,6 +268,7 @@ def test_sao_nan_reward_stops_naming_the_step_and_a_replayed_evaluation_is_not_d
 
 
 # ------------------------------------------------------------------------------------------------ GRPO
+@pytest.mark.slow
 def test_grpo_nan_reward_stops_naming_the_step_and_keeps_the_last_finite_checkpoint(tmp_path):
     from experiments.grpo import get_config
     from mercury_jax.train import grpo as grpo_module
@@ -305,6 +308,7 @@ def _sft_child(workdir: str) -> None:
     run_sft(workdir, 100_000, every=100_000)
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_the_current_step_and_the_rerun_resumes_from_it(tmp_path):
     child = subprocess.Popen([sys.executable, __file__, "sft-child", str(tmp_path / "run")], cwd=REPO,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
