@@ -1,11 +1,14 @@
 """`gated_delta_rule`: one entry point for every implementation of the gated delta rule over a sequence.
 
 Implementations are registered by name in `_IMPLEMENTATIONS`; each takes the same arguments and returns
-(o_BxTxHxV, final_state_BxHxKxV) in float32. A new backend (e.g. a Pallas TPU kernel) is one more entry.
+(o_BxTxHxV, final_state_BxHxKxV) in float32. "auto" picks "pallas" on TPU and "chunked" elsewhere.
 """
 from __future__ import annotations
 
+import jax
+
 from kernels.gated_delta.chunked import chunked_gated_delta_rule
+from kernels.gated_delta.pallas import pallas_gated_delta_rule
 from kernels.gated_delta.reference import recurrent_gated_delta_rule
 
 
@@ -20,11 +23,24 @@ def _chunked(q, k, v, g, beta, initial_state, segment_ids, chunk_size):
                                     segment_ids_BxT=segment_ids, chunk_size=chunk_size)
 
 
-_IMPLEMENTATIONS = {"chunked": _chunked, "recurrent": _recurrent}
+def _pallas(q, k, v, g, beta, initial_state, segment_ids, chunk_size):
+    return pallas_gated_delta_rule(q, k, v, g, beta, initial_state_BxHxKxV=initial_state,
+                                   segment_ids_BxT=segment_ids, chunk_size=chunk_size)
+
+
+_IMPLEMENTATIONS = {"chunked": _chunked, "pallas": _pallas, "recurrent": _recurrent}
+_CHUNKED_IMPLS = ("chunked", "pallas")
+
+
+def resolve_impl(impl):
+    """"auto" -> "pallas" on a TPU backend, else "chunked" (the Pallas kernel only runs interpreted off TPU)."""
+    if impl == "auto":
+        return "pallas" if jax.default_backend() == "tpu" else "chunked"
+    return impl
 
 
 def gated_delta_rule(q_BxTxHxK, k_BxTxHxK, v_BxTxHxV, g_BxTxH, beta_BxTxH, *, initial_state_BxHxKxV=None,
-                     segment_ids_BxT=None, impl="chunked", chunk_size=64):
+                     segment_ids_BxT=None, impl="auto", chunk_size=64):
     """Gated delta rule over a sequence; returns (o_BxTxHxV, final_state_BxHxKxV), both float32.
 
     Per (batch, head), state S in R^{K x V}:
@@ -33,13 +49,16 @@ def gated_delta_rule(q_BxTxHxK, k_BxTxHxK, v_BxTxHxV, g_BxTxH, beta_BxTxH, *, in
     v: [B, T, H, V].  g: [B, T, H], log decay <= 0.  beta: [B, T, H] in (0, 1).
     initial_state_BxHxKxV: state before position 0 (default zeros); it reaches only the first document.
     segment_ids_BxT: packed documents (contiguous runs of one id); the state restarts from zero where the id changes.
-    impl: "chunked" (default, parallel within chunks of `chunk_size`) or "recurrent" (token by token); both static
-    under jit.
+    impl: "auto" (default: "pallas" on TPU, else "chunked"), "chunked" (pure JAX, parallel within chunks of
+    `chunk_size`), "pallas" (the Pallas TPU kernels of `pallas.py`, same chunk algebra; interpret mode off TPU) or
+    "recurrent" (token by token); static under jit, like `chunk_size`.
     """
+    impl = resolve_impl(impl)
     if impl not in _IMPLEMENTATIONS:
-        raise ValueError(f"gated_delta_rule: unknown impl {impl!r}; valid impls are {sorted(_IMPLEMENTATIONS)}")
+        raise ValueError(f"gated_delta_rule: unknown impl {impl!r}; valid impls are "
+                         f"{sorted(_IMPLEMENTATIONS) + ['auto']}")
     _check_shapes(q_BxTxHxK, k_BxTxHxK, v_BxTxHxV, g_BxTxH, beta_BxTxH, initial_state_BxHxKxV, segment_ids_BxT)
-    if impl == "chunked" and (not isinstance(chunk_size, int) or chunk_size < 1):
+    if impl in _CHUNKED_IMPLS and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"gated_delta_rule: chunk_size must be a positive int (static), got {chunk_size!r}")
     return _IMPLEMENTATIONS[impl](q_BxTxHxK, k_BxTxHxK, v_BxTxHxV, g_BxTxH, beta_BxTxH,
                                   initial_state_BxHxKxV, segment_ids_BxT, chunk_size)

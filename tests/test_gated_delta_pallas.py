@@ -1,0 +1,115 @@
+"""Pallas gated delta kernels (interpret mode on CPU): outputs, final state and gradients against the recurrence.
+
+Forward values are checked against the float64 loop, gradients against `jax.grad` of the recurrent scan (float32).
+Tolerances: float32 inputs, rtol = atol = 1e-4 as the issue asks (observed ~1e-7 forward and ~1e-6 on O(1) gradients;
+a wrong mask, carry or backward chunk order gives O(0.1)). bf16 inputs: the kernel promotes them to f32, so against
+the reference run on the same bf16-rounded values the forward stays at f32 level (1e-4); the gradients of q, k, v
+are returned in bf16 (8 mantissa bits, relative rounding 2^-9 = 2e-3), so they get rtol = atol = 1e-2.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from gated_delta_cases import make_inputs, naive_gated_delta, segments
+
+from kernels.gated_delta import gated_delta_rule, recurrent_gated_delta_rule
+from kernels.gated_delta.pallas import pallas_gated_delta_rule
+
+NAMES = ("q", "k", "v", "g", "beta", "initial_state")
+F32_TOLERANCE = dict(rtol=1e-4, atol=1e-4)
+
+
+def _outputs_and_grads(fn, x, segment_ids, with_initial_state):
+    """(o, final state) and d loss / d (q, k, v, g, beta, initial state) for a loss touching every output."""
+    rng = np.random.default_rng(0)
+    out_weight = rng.normal(size=x["v"].shape).astype(np.float32)
+    state_weight = rng.normal(size=x["initial_state"].shape).astype(np.float32)
+
+    def loss(q, k, v, g, beta, initial_state):
+        out, final = fn(q, k, v, g, beta, initial_state_BxHxKxV=initial_state if with_initial_state else None,
+                        segment_ids_BxT=segment_ids)
+        # sin(final) so the state cotangent is not a constant.
+        return jnp.sum(out * out_weight) + jnp.sum(jnp.sin(final) * state_weight), (out, final)
+
+    grads, (out, final) = jax.jit(jax.grad(loss, argnums=range(6), has_aux=True))(*(x[n] for n in NAMES))
+    return out, final, grads
+
+
+CASES = {
+    # T not a multiple of C; row 0: documents start at 10 (inside a chunk) and 16, 32 (chunk edges); row 1: at 14,
+    # two positions before a chunk edge, and that document continues into the next chunk.
+    "T37_C16_segments_initial": dict(batch=2, time=37, chunk=16, key_dim=16, value_dim=16, initial=True,
+                                     lengths=[[10, 6, 16, 5], [14, 23]], ids=[[0, 1, 2, 3], [5, 6]]),
+    # T a multiple of C, K != V, no initial state, no segments.
+    "T64_C32_plain": dict(batch=1, time=64, chunk=32, key_dim=16, value_dim=32, initial=False),
+    # Five chunks, the last padded; starts at 32 and 64 (edges), 65 and 126 (inside; the last document crosses
+    # into the padded chunk), id 4 reused.
+    "T130_C32_segments_initial": dict(batch=1, time=130, chunk=32, key_dim=32, value_dim=32, initial=True,
+                                      lengths=[[32, 32, 1, 61, 4]], ids=[[4, 1, 2, 3, 4]]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_outputs_final_state_and_gradients_match_reference(case):
+    c = CASES[case]
+    x = make_inputs(c["time"], batch=c["batch"], time=c["time"], heads=2, key_dim=c["key_dim"],
+                    value_dim=c["value_dim"])
+    segment_ids = segments(c["lengths"], c["ids"]) if "lengths" in c else None
+    pallas = lambda *a, **kw: pallas_gated_delta_rule(*a, **kw, chunk_size=c["chunk"])  # noqa: E731
+    out, final, grads = _outputs_and_grads(pallas, x, segment_ids, c["initial"])
+    _, _, want_grads = _outputs_and_grads(recurrent_gated_delta_rule, x, segment_ids, c["initial"])
+    want_out, want_final = naive_gated_delta(*(x[n] for n in NAMES[:5]), x["initial_state"] if c["initial"] else None,
+                                             segment_ids)
+    assert out.dtype == jnp.float32 and final.dtype == jnp.float32
+    np.testing.assert_allclose(out, want_out, **F32_TOLERANCE)
+    np.testing.assert_allclose(final, want_final, **F32_TOLERANCE)
+    for name, got, want in zip(NAMES, grads, want_grads):
+        if name == "initial_state" and not c["initial"]:
+            continue
+        assert np.all(np.isfinite(got)), name
+        np.testing.assert_allclose(got, want, **F32_TOLERANCE, err_msg=f"d loss / d {name}")
+
+
+def test_bf16_inputs():
+    x = make_inputs(3, batch=1, time=37, heads=2, key_dim=16, value_dim=16)
+    for name in ("q", "k", "v"):
+        x[name] = jnp.asarray(x[name], jnp.bfloat16)
+    segment_ids = segments([[20, 17]], [[0, 1]])
+    pallas = lambda *a, **kw: pallas_gated_delta_rule(*a, **kw, chunk_size=16)  # noqa: E731
+    out, final, grads = _outputs_and_grads(pallas, x, segment_ids, True)
+    rounded = {n: np.asarray(jnp.asarray(a, jnp.float32)) for n, a in x.items()}
+    _, _, want_grads = _outputs_and_grads(recurrent_gated_delta_rule, rounded, segment_ids, True)
+    want_out, want_final = naive_gated_delta(*(rounded[n] for n in NAMES[:5]), rounded["initial_state"], segment_ids)
+    assert out.dtype == jnp.float32 and final.dtype == jnp.float32
+    np.testing.assert_allclose(out, want_out, **F32_TOLERANCE)
+    np.testing.assert_allclose(final, want_final, **F32_TOLERANCE)
+    for name, got, want in zip(NAMES, grads, want_grads):
+        assert got.dtype == x[name].dtype, name
+        np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=1e-2, atol=1e-2, err_msg=name)
+
+
+def test_model_head_dims_forward():
+    """K = V = 128, C = 64 (every preset's head dims and chunk), T = 70: forward and final state only, to stay fast."""
+    x = make_inputs(4, batch=1, time=70, heads=1, key_dim=128, value_dim=128)
+    run = jax.jit(lambda *a: pallas_gated_delta_rule(*a[:5], initial_state_BxHxKxV=a[5], chunk_size=64))
+    out, final = run(*(x[n] for n in NAMES))
+    want_out, want_final = naive_gated_delta(*(x[n] for n in NAMES[:5]), x["initial_state"])
+    np.testing.assert_allclose(out, want_out, **F32_TOLERANCE)
+    np.testing.assert_allclose(final, want_final, **F32_TOLERANCE)
+
+
+def test_registered_in_the_interface():
+    """impl="pallas" reaches the kernel through gated_delta_rule; "auto" is the chunked path off TPU."""
+    x = make_inputs(5, batch=1, time=20, heads=2, key_dim=8, value_dim=8)
+    segment_ids = segments([[12, 8]], [[0, 1]])
+    run = jax.jit(gated_delta_rule, static_argnames=("impl", "chunk_size"))
+    args = [x[n] for n in NAMES[:5]]
+    got = run(*args, initial_state_BxHxKxV=x["initial_state"], segment_ids_BxT=segment_ids, impl="pallas",
+              chunk_size=8)
+    want = naive_gated_delta(*args, x["initial_state"], segment_ids)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, **F32_TOLERANCE)
+    jaxpr = str(jax.make_jaxpr(lambda *a: gated_delta_rule(*a, impl="pallas", chunk_size=8))(*args))
+    assert "pallas_call" in jaxpr
+    if jax.default_backend() != "tpu":
+        assert "pallas_call" not in str(jax.make_jaxpr(lambda *a: gated_delta_rule(*a, chunk_size=8))(*args))
