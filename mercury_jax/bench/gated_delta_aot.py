@@ -1,0 +1,110 @@
+"""Ahead-of-time compile the Pallas gated delta kernels with Mosaic for a TPU topology on this CPU host.
+
+Lowers and compiles `pallas_gated_delta_rule` (interpret=False, so the kernel bodies go through Mosaic) forward and
+forward+backward for `--topology` (default v5p:2x2x2, 8 chips), with the batch sharded over the chips by
+`shard_map` (each chip runs the kernel on its own rows). Reports compile time, `compiled.memory_analysis()` per chip
+and whether the compiled HLO holds the Mosaic custom calls. Needs libtpu (not a runtime dependency):
+
+    pip install --target /work/libtpu_pkgs "libtpu==0.0.42.*"      # the version jax 0.10 pins
+    PYTHONPATH=/work/libtpu_pkgs python -m mercury_jax.bench.gated_delta_aot --batch 8 --seq 1024 --heads 32
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")  # a single-host topology; silences libtpu's probe
+
+import argparse  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from jax.experimental import topologies  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
+
+from kernels.gated_delta.pallas import pallas_gated_delta_rule  # noqa: E402
+from mercury_jax.bench.report import markdown_table, write_section  # noqa: E402
+
+
+def compile_kernels(topology, batch, seq, heads, key_dim, value_dim, chunk, dtype, with_segments):
+    """Compiled forward and value_and_grad executables and their compile seconds, batch sharded over the chips."""
+    devices = topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
+    if batch % len(devices):
+        raise ValueError(f"gated_delta_aot: --batch {batch} must be a multiple of the {len(devices)} chips of "
+                         f"{topology} (the batch is sharded over them)")
+    mesh = Mesh(devices, ("data",))
+    rows = PartitionSpec("data")
+    sharded = NamedSharding(mesh, rows)
+
+    def struct(shape, dt):
+        return jax.ShapeDtypeStruct(shape, dt, sharding=sharded)
+
+    args = [struct((batch, seq, heads, key_dim), dtype), struct((batch, seq, heads, key_dim), dtype),
+            struct((batch, seq, heads, value_dim), dtype), struct((batch, seq, heads), jnp.float32),
+            struct((batch, seq, heads), jnp.float32), struct((batch, heads, key_dim, value_dim), jnp.float32),
+            struct((batch, seq), jnp.int32)]
+
+    def local(q, k, v, g, beta, initial_state, segment_ids):
+        return pallas_gated_delta_rule(q, k, v, g, beta, initial_state_BxHxKxV=initial_state,
+                                       segment_ids_BxT=segment_ids if with_segments else None, chunk_size=chunk,
+                                       interpret=False)
+
+    rule = jax.shard_map(local, mesh=mesh, in_specs=(rows,) * 7, out_specs=(rows, rows), check_vma=False)
+
+    def loss(q, k, v, g, beta, initial_state, segment_ids):
+        out, final = rule(q, k, v, g, beta, initial_state, segment_ids)
+        return jnp.sum(out) + jnp.sum(final)
+
+    results = {}
+    for name, fn in (("forward", rule), ("forward+backward", jax.value_and_grad(loss, argnums=range(6)))):
+        start = time.perf_counter()
+        compiled = jax.jit(fn).lower(*args).compile()
+        results[name] = (compiled, time.perf_counter() - start)
+    return results, len(devices)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--topology", default="v5p:2x2x2")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--heads", type=int, default=32, help="value heads (35B-A3B: 32)")
+    parser.add_argument("--key-dim", type=int, default=128)
+    parser.add_argument("--value-dim", type=int, default=128)
+    parser.add_argument("--chunk", type=int, default=64)
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--no-segments", action="store_true")
+    parser.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
+    args = parser.parse_args()
+    results, n_devices = compile_kernels(args.topology, args.batch, args.seq, args.heads, args.key_dim,
+                                         args.value_dim, args.chunk, jnp.dtype(args.dtype), not args.no_segments)
+    mib = 2 ** 20
+    rows = []
+    for name, (compiled, seconds) in results.items():
+        memory = compiled.memory_analysis()
+        text = compiled.as_text()
+        mosaic_calls = text.count("tpu_custom_call")
+        rows.append([name, f"{args.batch}x{args.seq}", f"{args.heads}x{args.key_dim}/{args.value_dim}", args.chunk,
+                     args.dtype, f"{memory.argument_size_in_bytes / mib:.1f}",
+                     f"{memory.temp_size_in_bytes / mib:.1f}", mosaic_calls, f"{seconds:.1f}"])
+        print(f"{name}: compiled in {seconds:.1f} s, {mosaic_calls} Mosaic custom call(s)", flush=True)
+    headers = ["pass", "batch x seq", "heads x K/V", "chunk", "q/k/v dtype", "arguments MiB/chip", "temp MiB/chip",
+               "Mosaic calls in HLO", "compile s"]
+    table = markdown_table(headers, rows)
+    print(table)
+    if args.write:
+        command = (f"PYTHONPATH=/work/libtpu_pkgs python -m mercury_jax.bench.gated_delta_aot --topology "
+                   f"{args.topology} --batch {args.batch} --seq {args.seq} --heads {args.heads} --key-dim "
+                   f"{args.key_dim} --value-dim {args.value_dim} --chunk {args.chunk} --dtype {args.dtype}"
+                   + (" --no-segments" if args.no_segments else "") + " --write")
+        body = (f"`pallas_gated_delta_rule` compiled with Mosaic (interpret=False) ahead of time for `{args.topology}` "
+                f"({n_devices} chips) on a CPU host with libtpu; the batch is sharded over the chips with `shard_map`; "
+                f"segment ids {'off' if args.no_segments else 'on'}, initial state on. "
+                "Nothing ran on a TPU: this proves the kernels lower and compile for the chip, not their speed.\n\n"
+                + table)
+        write_section("gated_delta_aot", "Pallas gated delta kernels: TPU ahead-of-time compile", body, command)
+
+
+if __name__ == "__main__":
+    main()
