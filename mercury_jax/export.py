@@ -28,7 +28,6 @@ import argparse
 import contextlib
 import json
 import logging
-import shutil
 from pathlib import Path
 
 import jax
@@ -212,28 +211,30 @@ def restore_policy(workdir: str | Path, *, step: int | None = None, stage: str |
 
 def export_run(workdir: str | Path, out: str | Path, *, step: int | None = None, stage: str | None = None,
                dtype: str = "bfloat16", experts: str = "fused") -> Path:
-    """Write the run's policy (checkpoint `step`, default latest) to `out` as an HF checkpoint; returns `out`."""
+    """Write the run's policy (checkpoint `step`, default latest) to `out` as an HF checkpoint; returns `out`.
 
-
+    Weights, config, tokenizer files, chat template and `mercury_export.json` go in one atomic swap (`save_hf`'s
+    `extra_files`): a killed export leaves `out` as it was or complete."""
     if dtype not in ("bfloat16", "float32"):
         raise ExportError(f"--dtype {dtype!r}: use bfloat16 (release) or float32 (exact)")
     if experts not in ("fused", "unfused"):
         raise ExportError(f"--experts {experts!r}: use fused (released layout) or unfused (per-expert tensors)")
     workdir, out = Path(workdir), Path(out)
     model, stage, step = restore_policy(workdir, step=step, stage=stage)
-    save_hf(model, out, dtype=jnp.dtype(dtype), experts=experts)
     config = load_run_config(workdir)
+    extra_files: dict[str, str | Path] = {}
     if config.model.hf_path:
         for name in HF_TOKENIZER_FILES:
             if (Path(config.model.hf_path) / name).exists():
-                shutil.copyfile(Path(config.model.hf_path) / name, out / name)
+                extra_files[name] = Path(config.model.hf_path) / name
     spm_file = run_tokenizer_file(config, workdir)
     if spm_file is not None:
-        shutil.copyfile(spm_file, out / "sentencepiece.model")
-    (out / "chat_template.jinja").write_text(BUILTIN_CHAT_TEMPLATE, encoding="utf-8")
-    (out / "mercury_export.json").write_text(json.dumps(
+        extra_files["sentencepiece.model"] = Path(spm_file)
+    extra_files["chat_template.jinja"] = BUILTIN_CHAT_TEMPLATE
+    extra_files["mercury_export.json"] = json.dumps(
         {"workdir": str(workdir.absolute()), "stage": stage, "step": step, "dtype": dtype, "experts": experts},
-        indent=2) + "\n")
+        indent=2) + "\n"
+    save_hf(model, out, dtype=jnp.dtype(dtype), experts=experts, extra_files=extra_files)
     return out
 
 
