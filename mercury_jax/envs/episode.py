@@ -10,20 +10,30 @@ Enterprise `grade`: `effects_fraction`, `all_effects_pass`, `forbidden_violation
 (normalized match of the `Final answer:` line), `effects_fraction` = accuracy, `all_effects_pass` = correct and
 grounded, `evidence_sufficient`, `over_search_calls` (tool calls made after the evidence became sufficient).
 Nothing is shared between episodes: each `make_episode` rebuilds the world from the task's seed.
+
+Nothing here blocks the event loop that other episodes share: the world is built (`_tools`) in a worker thread
+(`tool_threads.run_blocking`, within `connect_timeout_s`), and the world tools are mounted as plain functions
+(`toolkit.blocking`) that the MCP adapter runs in its thread pool under `call_timeout_s`. Results longer than
+`max_result_chars` are cut with a note (`MCPToolbox`). `grade` is synchronous: async callers run it in a thread
+(the episode runner does, since a judge may call a remote model).
 """
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from mercury_jax.envs.mcp_adapter import MCPToolbox, ToolObservation, build_server
+from mercury_jax.envs.enterprise.toolkit import blocking
+from mercury_jax.envs.mcp_adapter import DEFAULT_MAX_RESULT_CHARS, MCPToolbox, ToolObservation, build_server
+from mercury_jax.envs.tool_threads import run_blocking
 
 
 class Episode:
     """Base: owns the MCP toolbox; subclasses build the state and tools and grade."""
 
-    def __init__(self, task: Mapping, *, call_timeout_s: float = 30.0):
+    def __init__(self, task: Mapping, *, call_timeout_s: float = 30.0, connect_timeout_s: float = 30.0,
+                 max_result_chars: int | None = DEFAULT_MAX_RESULT_CHARS):
         self.task = dict(task)
-        self.call_timeout_s = call_timeout_s
+        self.call_timeout_s, self.connect_timeout_s = call_timeout_s, connect_timeout_s
+        self.max_result_chars = max_result_chars
         self.toolbox: MCPToolbox | None = None
         self.messages: list[dict] = []  # tool calls and observations seen through `call`, in order
 
@@ -31,9 +41,15 @@ class Episode:
         raise NotImplementedError
 
     async def __aenter__(self) -> Episode:
-        tools = self._tools()
+        try:
+            tools = await run_blocking(self._tools, timeout_s=self.connect_timeout_s)
+        except TimeoutError:
+            raise TimeoutError(f"{self.task['world']} task {self.task.get('task_id')}: building the world took "
+                               f"more than {self.connect_timeout_s:g} s; raise connect_timeout_s or use a "
+                               f"smaller world") from None
         self.toolbox = MCPToolbox(build_server(tools, name=f"{self.task['world']}-{self.task['task_id']}"),
-                                  call_timeout_s=self.call_timeout_s)
+                                  call_timeout_s=self.call_timeout_s, connect_timeout_s=self.connect_timeout_s,
+                                  max_result_chars=self.max_result_chars)
         await self.toolbox.__aenter__()
         return self
 
@@ -59,8 +75,8 @@ class Episode:
 
 
 class EnterpriseEpisode(Episode):
-    def __init__(self, task: Mapping, *, judge=None, call_timeout_s: float = 30.0):
-        super().__init__(task, call_timeout_s=call_timeout_s)
+    def __init__(self, task: Mapping, *, judge=None, **limits):
+        super().__init__(task, **limits)
         self.judge = judge
 
     def _tools(self) -> dict:
@@ -68,7 +84,7 @@ class EnterpriseEpisode(Episode):
         from mercury_jax.envs.enterprise.toolset import make_tools
 
         self.initial, self.state = initial_state(self.task), initial_state(self.task)
-        return make_tools(self.state, self.task["tool_names"])
+        return {name: blocking(tool) for name, tool in make_tools(self.state, self.task["tool_names"]).items()}
 
     def grade(self, final_answer_text: str, transcript: Sequence[Mapping] | None = None) -> dict:
         from mercury_jax.envs.enterprise.effects import grade_state
@@ -84,7 +100,7 @@ class BrowseEpisode(Episode):
         from mercury_jax.envs.browse.tools import BrowseIndex, browse_tools
 
         tools = browse_tools(BrowseIndex(corpus_of(self.task)))
-        return {name: tools[name] for name in self.task["tool_names"]}
+        return {name: blocking(tools[name]) for name in self.task["tool_names"]}
 
     def grade(self, final_answer_text: str, transcript: Sequence[Mapping] | None = None) -> dict:
         return grade_browse(self.task, final_answer_text, self.messages if transcript is None else transcript)
@@ -108,12 +124,15 @@ def grade_browse(task: Mapping, final_answer_text: str, transcript: Sequence[Map
             "over_search_calls": over, "answer": answer, "details": details}
 
 
-def make_episode(task: Mapping, *, judge=None, call_timeout_s: float = 30.0) -> Episode:
+def make_episode(task: Mapping, *, judge=None, call_timeout_s: float = 30.0, connect_timeout_s: float = 30.0,
+                 max_result_chars: int | None = DEFAULT_MAX_RESULT_CHARS) -> Episode:
     """A fresh episode for `task` (enterprise or browse); use it as an async context manager."""
+    limits = dict(call_timeout_s=call_timeout_s, connect_timeout_s=connect_timeout_s,
+                  max_result_chars=max_result_chars)
     if task["world"] == "enterprise":
-        return EnterpriseEpisode(task, judge=judge, call_timeout_s=call_timeout_s)
+        return EnterpriseEpisode(task, judge=judge, **limits)
     if task["world"] == "browse":
-        return BrowseEpisode(task, call_timeout_s=call_timeout_s)
+        return BrowseEpisode(task, **limits)
     raise ValueError(f"unknown world {task['world']!r}; expected 'enterprise' or 'browse'")
 
 

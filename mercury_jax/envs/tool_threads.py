@@ -55,8 +55,10 @@ class ToolThreads:
                                   name=f"tool-{getattr(fn, '__name__', 'call')}")
         thread.start()
         try:
-            remaining = None if deadline is None else max(deadline - loop.time(), 0.0)
-            return await asyncio.wait_for(future, remaining)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that arrives as the
+            # result does (the episode would run on after its run was cancelled)
+            async with asyncio.timeout_at(deadline):
+                return await future
         except BaseException:  # timed out or cancelled: a thread still running is abandoned
             with self._lock:
                 if not call["done"]:

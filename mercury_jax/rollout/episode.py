@@ -26,10 +26,22 @@ proceed meanwhile) the driver submits new requests and releases, resolves finish
 
 Determinism: turn k of episode e is request `e * request_stride + k` with the runner's seed, so an episode's
 tokens do not depend on which other episodes share the engine or when they arrive.
+
+Environment failures (`failures.py`): an environment that fails to open (world building, MCP connect, tools/list)
+or to grade does not stop the run: `run` returns a placeholder trajectory in that task's place (`env_failure` set,
+reward 0), `run_episode` raises `EnvironmentFailure` (the worker records it and goes on), and `failures` /
+`stats()["env_failures"]` count it. A tool call that times out or finds its server gone marks the trajectory
+(`env_failure`) but the episode goes on. Trainers drop marked trajectories with `failures.trainable`.
+
+The event loop is shared by every episode, so nothing slow runs on it: the engine step (and `before_step`, the
+weight swap) runs in a thread while episodes wait; tools, world building and grading run in the bounded
+`envs.tool_threads` pool (grading within `grade_timeout_s`).
 """
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -39,7 +51,9 @@ from mercury_jax.chat import observation_ids, parse_assistant, render
 from mercury_jax.chat.tokenizer import Tokenizer
 from mercury_jax.envs import BehaviourConfig, behaviour_multiplier, make_episode
 from mercury_jax.envs.behaviour import ANSWER_PATTERN
+from mercury_jax.envs.tool_threads import run_blocking
 from mercury_jax.rollout.engine import Request, Sample
+from mercury_jax.rollout.failures import EnvironmentFailure, EpisodeFailure, failure_placeholder
 from mercury_jax.rollout.trajectory import Trajectory
 
 TRUNCATION = "truncated"  # the finish reason behaviour_multiplier treats as a budget cut
@@ -62,18 +76,30 @@ class SamplingParams:
 
 
 class EpisodeRunner:
-    """Runs episodes on `engine` (an `Engine`, or anything with its submit / step / results / release API)."""
+    """Runs episodes on `engine` (an `Engine`, or anything with its submit / step / results / release API).
+
+    Environment limits: `call_timeout_s` (one tool call), `connect_timeout_s` (building the world, MCP connect and
+    tools/list; None: the episode's default), `max_result_chars` (cap on one observation; None: the episode's
+    default), `grade_timeout_s` (grading, judge included). `failure_log_size`: how many `EpisodeFailure` records
+    `failures` keeps.
+    """
 
     def __init__(self, engine, tokenizer: Tokenizer, *, budgets: Budgets = Budgets(),
                  sampling: SamplingParams = SamplingParams(), enable_thinking: bool = True,
                  behaviour: BehaviourConfig = BehaviourConfig(), episode_factory: Callable[..., Any] = make_episode,
-                 call_timeout_s: float = 30.0, judge=None, overlap: bool = True,
-                 before_step: Callable[[], None] | None = None):
+                 call_timeout_s: float = 30.0, connect_timeout_s: float | None = None,
+                 max_result_chars: int | None = None, grade_timeout_s: float = 300.0, judge=None,
+                 overlap: bool = True, before_step: Callable[[], None] | None = None, failure_log_size: int = 256):
         self.engine, self.tokenizer = engine, tokenizer
         self.budgets, self.sampling, self.enable_thinking = budgets, sampling, enable_thinking
         self.behaviour, self.episode_factory = behaviour, episode_factory
         self.call_timeout_s, self.judge, self.overlap = call_timeout_s, judge, overlap
+        self.connect_timeout_s, self.max_result_chars = connect_timeout_s, max_result_chars
+        self.grade_timeout_s = grade_timeout_s
         self.before_step = before_step
+        self.failures: collections.deque[EpisodeFailure] = collections.deque(maxlen=failure_log_size)
+        self.env_failures = 0  # episodes whose environment failed (any stage but "close")
+        self.env_failure_stages: collections.Counter[str] = collections.Counter()
         self.request_stride = budgets.max_tool_turns + 1  # tool turns + the answer turn
         self.stop_token_ids = tuple(tokenizer.stop_token_ids)
         self._futures: dict[int, asyncio.Future] = {}
@@ -90,8 +116,11 @@ class EpisodeRunner:
         return asyncio.run(self.run_async(list(tasks), first_episode_id=first_episode_id))
 
     async def run_async(self, tasks: list[Mapping], *, first_episode_id: int = 0) -> list[Trajectory]:
+        """`run` inside a running event loop. An episode whose environment failed to open or grade is a placeholder
+        trajectory with `env_failure` set (see `failures.py`); any other exception fails the run."""
         self._wake = self._slots = None  # asyncio primitives belong to one event loop
-        episodes = [asyncio.ensure_future(self.run_episode(task, first_episode_id + i)) for i, task in enumerate(tasks)]
+        episodes = [asyncio.ensure_future(self._run_or_placeholder(task, first_episode_id + i))
+                    for i, task in enumerate(tasks)]
         driver = asyncio.ensure_future(self.drive(lambda: all(e.done() for e in episodes)))
         try:
             await asyncio.wait([driver, *episodes], return_when=asyncio.FIRST_EXCEPTION)
@@ -105,12 +134,19 @@ class EpisodeRunner:
             await asyncio.gather(driver, *episodes, return_exceptions=True)
 
     async def run_episode(self, task: Mapping, episode_id: int) -> Trajectory:
-        """One episode of `task`; its turns are requests episode_id * request_stride + k. Waits for a free slot."""
+        """One episode of `task`; its turns are requests episode_id * request_stride + k. Waits for a free slot.
+        Raises `EnvironmentFailure` (already recorded in `failures`) when the environment fails to open or grade."""
         async with self._slot_semaphore():
             self.episodes_started += 1
             trajectory = await self._episode(task, episode_id)
             self.episodes_finished += 1
             return trajectory
+
+    def stats(self) -> dict:
+        """Counters for the trainers' logs: episodes started / finished, `env_failures` (episodes the environment
+        failed, at any stage but "close"), and those failures by stage."""
+        return {"episodes_started": self.episodes_started, "episodes_finished": self.episodes_finished,
+                "env_failures": self.env_failures, "env_failure_stages": dict(self.env_failure_stages)}
 
     async def drive(self, done: Callable[[], bool]) -> None:
         """The engine loop: until `done()`, feed requests in, step the engine, hand finished turns out."""
@@ -119,16 +155,17 @@ class EpisodeRunner:
             self._sync()
             if self._futures:
                 if self.overlap:
-                    await asyncio.to_thread(self.engine.step)
+                    await asyncio.to_thread(self._step)
                 else:
-                    self.engine.step()
+                    self._step()
                 self._collect()
                 await asyncio.sleep(0)
             else:
                 wake.clear()
-                try:
-                    await asyncio.wait_for(wake.wait(), timeout=0.05)
-                except asyncio.TimeoutError:
+                try:  # asyncio.timeout, not wait_for, which can swallow a cancellation on Python 3.11
+                    async with asyncio.timeout(0.05):
+                        await wake.wait()
+                except TimeoutError:
                     pass
         for request_id in self._releases:  # the last episodes' slots
             self._forget(request_id)
@@ -140,8 +177,11 @@ class EpisodeRunner:
         budgets, tok = self.budgets, self.tokenizer
         start = time.perf_counter()
         timings = {"generate_s": 0.0, "tools_s": 0.0}
-        async with self.episode_factory(task, **self._episode_options()) as ep:
-            tools = await ep.tools()
+        async with self._environment(task, episode_id) as ep:
+            try:
+                tools = await ep.tools()
+            except Exception as error:  # noqa: BLE001 (an MCP list_tools failure ends this episode only)
+                raise self._env_failure(task, episode_id, "open", error) from error
             prompt_messages = [{"role": "system", "content": task.get("system_prompt") or ""},
                                {"role": "user", "content": task["user_prompt"]}]
             if not prompt_messages[0]["content"]:
@@ -217,7 +257,15 @@ class EpisodeRunner:
                 if last_request is not None:
                     self._release(last_request)
             t0 = time.perf_counter()
-            grade = ep.grade(final_text, transcript)
+            try:
+                grade = await run_blocking(ep.grade, final_text, transcript, timeout_s=self.grade_timeout_s)
+            except Exception as error:  # noqa: BLE001 (a grader that raises or hangs ends this episode only)
+                if isinstance(error, TimeoutError):
+                    error = TimeoutError(f"grading did not finish within grade_timeout_s={self.grade_timeout_s:g} s")
+                raise self._env_failure(task, episode_id, "grade", error, **traj, prompt_length=len(prompt),
+                                        turn_spans=spans, tool_calls=calls, tool_results=results,
+                                        format_errors=format_errors, assistant_texts=texts,
+                                        finish_reason=finish, timings=timings) from error
             timings["grade_s"] = time.perf_counter() - t0
         answered_turn = next((i for i, t in enumerate(texts) if ANSWER_PATTERN.search(t.split("</think>", 1)[-1])),
                              len(texts) - 1 if finish == "answered" else None)
@@ -228,29 +276,83 @@ class EpisodeRunner:
                                                  format_errors=len(format_errors), config=self.behaviour)
         effects = float(grade["effects_fraction"])
         timings["total_s"] = time.perf_counter() - start
+        spoiled = next((r for r in results if r.get("failure")), None)
+        env_failure = None
+        if spoiled is not None:  # delivered (for the logs) but marked: the trainers drop it
+            env_failure = f"tool {spoiled['name']!r} at turn {spoiled['turn']}: {spoiled['failure']}"
+            self._record(task, episode_id, "tool", env_failure)
         return Trajectory(
             task_id=str(task.get("task_id", "")), prompt_length=len(prompt), turn_spans=spans, tool_calls=calls,
             tool_results=results, format_errors=format_errors, assistant_texts=texts, finish_reason=finish,
             reward=effects * multiplier, timings=timings,
             reward_parts={"effects_fraction": effects, "all_effects_pass": bool(grade["all_effects_pass"]),
                           "multiplier": multiplier, **parts, "grade": _plain(grade)},
-            **traj)
+            env_failure=env_failure, **traj)
 
     async def _call(self, ep, call) -> dict:
-        """One tool call as an observation dict; nothing a tool or the model does raises out of here."""
+        """One tool call as an observation dict (with "failure" when the environment spoiled it); nothing a tool
+        or the model does raises out of here."""
         try:
             observation = await ep.call(call)
-            return {"name": call.name, "text": observation.text, "is_error": observation.is_error,
-                    "executed": observation.executed}
+            result = {"name": call.name, "text": observation.text, "is_error": observation.is_error,
+                      "executed": observation.executed}
+            failure = getattr(observation, "failure", None)
         except Exception as error:  # noqa: BLE001 (a broken tool or server is an observation, not a crash)
-            return {"name": call.name, "text": f"Error calling tool {call.name!r}: {type(error).__name__}: {error}",
-                    "is_error": True, "executed": False}
+            failure = f"{type(error).__name__}: {error}"
+            result = {"name": call.name, "text": f"Error calling tool {call.name!r}: {failure}", "is_error": True,
+                      "executed": False}
+        if failure:
+            result["failure"] = failure
+        return result
 
     def _episode_options(self) -> dict:
         options = {"call_timeout_s": self.call_timeout_s}
-        if self.judge is not None:
-            options["judge"] = self.judge
+        for name in ("connect_timeout_s", "max_result_chars", "judge"):
+            if getattr(self, name) is not None:  # unset: the episode factory's own default
+                options[name] = getattr(self, name)
         return options
+
+    # -- environment failures --
+
+    @contextlib.asynccontextmanager
+    async def _environment(self, task: Mapping, episode_id: int):
+        """The opened episode; an open failure raises `EnvironmentFailure`, a close failure is only recorded."""
+        ep = self.episode_factory(task, **self._episode_options())  # a bad task (unknown world) raises here
+        try:
+            await ep.__aenter__()
+        except Exception as error:  # noqa: BLE001 (world building / MCP connect failures end this episode only)
+            await self._close(ep, task, episode_id)
+            raise self._env_failure(task, episode_id, "open", error) from error
+        try:
+            yield ep
+        finally:
+            await self._close(ep, task, episode_id)
+
+    async def _close(self, ep, task: Mapping, episode_id: int) -> None:
+        try:
+            await ep.__aexit__(None, None, None)
+        except Exception as error:  # noqa: BLE001 (recorded; the graded trajectory stands)
+            self._record(task, episode_id, "close", f"{type(error).__name__}: {error}")
+
+    def _env_failure(self, task: Mapping, episode_id: int, stage: str, error: BaseException,
+                     **recorded) -> EnvironmentFailure:
+        """Record the failure and return the exception (with its placeholder trajectory) to raise."""
+        reason = f"{type(error).__name__}: {error}"
+        failure = self._record(task, episode_id, stage, reason)
+        return EnvironmentFailure(failure, failure_placeholder(failure.task_id, f"{stage}: {reason}", **recorded))
+
+    def _record(self, task: Mapping, episode_id: int, stage: str, reason: str) -> EpisodeFailure:
+        failure = EpisodeFailure(str(task.get("task_id", "")), episode_id, stage, reason)
+        self.failures.append(failure)
+        self.env_failure_stages[stage] += 1
+        self.env_failures += stage != "close"
+        return failure
+
+    async def _run_or_placeholder(self, task: Mapping, episode_id: int) -> Trajectory:
+        try:
+            return await self.run_episode(task, episode_id)
+        except EnvironmentFailure as failed:
+            return failed.trajectory
 
     # -- the engine side (only the driver touches the engine) --
 
@@ -275,8 +377,12 @@ class EpisodeRunner:
                 self.engine.submit(request)
             except Exception as error:  # noqa: BLE001 (fail that episode, not the driver)
                 self._futures.pop(request.request_id).set_exception(error)
+
+    def _step(self) -> None:
+        """`before_step` (e.g. swap in published weights), then one engine step: one thread call, off the loop."""
         if self.before_step is not None:
             self.before_step()
+        self.engine.step()
 
     def _collect(self) -> None:
         for request_id in [r for r in self._futures if r in self.engine.results]:

@@ -32,6 +32,10 @@ class Trajectory:
     reward: float = 0.0
     reward_parts: dict[str, Any] = dataclasses.field(default_factory=dict)  # effects_fraction, multiplier, ...
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
+    # why the environment, not the policy, spoiled this episode (a tool timeout, a dead MCP server, a failed open
+    # or grade); None when clean. Such trajectories are delivered for logging but not trained on:
+    # `rollout.failures.trainable` drops them.
+    env_failure: str | None = None
 
     def __post_init__(self):
         n = len(self.tokens)

@@ -16,6 +16,10 @@ swapped in between decode chunks: in-flight episodes continue, and tokens sample
 version (`Trajectory.policy_versions`; `Trajectory.policy_version` is the oldest). Episode e (counting from
 `first_episode_id`) runs on request ids e * stride + k, so given the same tasks, seed and weights an episode's
 tokens do not depend on what else runs.
+
+An environment that fails to open or to grade costs its episode only: nothing is queued for it, the failure is in
+`worker.failures` and `stats()["env_failures"]`, and the worker goes on. Trajectories a tool failure touched are
+queued with `env_failure` set; trainers drop them with `rollout.failures.trainable`.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from mercury_jax.chat.tokenizer import Tokenizer
 from mercury_jax.rollout.engine import Engine
 from mercury_jax.rollout.episode import Budgets, EpisodeRunner, SamplingParams
+from mercury_jax.rollout.failures import EnvironmentFailure, EpisodeFailure
 from mercury_jax.rollout.trajectory import Trajectory
 
 
@@ -148,7 +153,14 @@ class RolloutWorker:
                 "slot_occupancy": engine["slot_occupancy"], "queue_depth": self.queue.qsize(),
                 "in_flight": self._in_flight, "policy_version": self.engine.policy_version,
                 "publishes": self._publishes, "seconds": elapsed, "running": self.running,
+                "env_failures": self.runner.env_failures, "env_failure_stages": dict(self.runner.env_failure_stages),
                 "error": None if self.error is None else repr(self.error)}
+
+    @property
+    def failures(self) -> list[EpisodeFailure]:
+        """The latest environment failures (oldest first): failed opens and grades (nothing was queued for
+        them) and tool failures (their trajectories were queued with `env_failure` set)."""
+        return list(self.runner.failures)
 
     # -- the thread --
 
@@ -193,7 +205,10 @@ class RolloutWorker:
             self._in_flight = 0
 
     async def _episode(self, task: Mapping, episode_id: int) -> None:
-        trajectory = await self.runner.run_episode(task, episode_id)
+        try:
+            trajectory = await self.runner.run_episode(task, episode_id)
+        except EnvironmentFailure:  # recorded by the runner (failures, stats): no trajectory, the worker goes on
+            return
         while True:  # bounded queue: wait for room without blocking the event loop
             try:
                 self.queue.put_nowait(trajectory)

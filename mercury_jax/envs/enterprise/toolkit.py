@@ -1,5 +1,7 @@
 """Shared pieces of the enterprise tool surfaces: lookups with helpful errors, text search, compact JSON,
-and a synchronous driver so scripted code (oracle, tests) runs the same async tools without an event loop.
+a synchronous driver so scripted code (oracle, tests) runs the same async tools without an event loop, and
+`blocking(tool)`: the same tool as a plain function, which the MCP adapter runs in a thread (episodes mount every
+world tool that way, so a search over a large world never stalls the event loop other episodes share).
 
 Every tool returns compact JSON text (the exact observation the agent reads through MCP) and raises `ToolError`
 with a message that names the problem and the fix ("no ticket 'T-9'; ticket ids look like T-123, find them with
@@ -7,6 +9,7 @@ search_tickets"). Searches match every word of `query` case-insensitively agains
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Iterable
@@ -14,7 +17,7 @@ from typing import Any
 
 from mcp.server.mcpserver.exceptions import ToolError
 
-__all__ = ["ToolError", "dumps", "get_record", "matches", "call_sync", "error_text", "check_date",
+__all__ = ["ToolError", "dumps", "get_record", "matches", "call_sync", "blocking", "error_text", "check_date",
            "check_datetime", "person_by_email"]
 
 
@@ -70,6 +73,23 @@ def call_sync(tool: Callable[..., Any], arguments: dict[str, Any]) -> tuple[str,
         return error_text(tool.__name__, str(error)), True
     coroutine.close()
     raise RuntimeError(f"tool {tool.__name__!r} awaited something; enterprise tools must not await")
+
+
+def blocking(tool: Callable[..., Any]) -> Callable[..., Any]:
+    """`tool` (an `async def` that never awaits) as a plain function with its signature, name and docstring (so
+    its MCP schema is unchanged): `build_server` runs plain functions in its thread pool instead of on the loop.
+    Returns the tool's value; a `ToolError` propagates (the server turns it into the agent's error text)."""
+    @functools.wraps(tool)
+    def run(**arguments):
+        coroutine = tool(**arguments)
+        try:
+            coroutine.send(None)
+        except StopIteration as done:
+            return done.value
+        coroutine.close()
+        raise RuntimeError(f"tool {tool.__name__!r} awaited something; world tools must not await (they run "
+                           f"in a thread through `blocking`)")
+    return run
 
 
 def error_text(tool_name: str, message: str) -> str:
