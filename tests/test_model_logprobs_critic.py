@@ -76,8 +76,10 @@ def test_critic_starts_from_policy_with_zero_values_and_freezes_token_mixing():
     ids = jax.random.randint(jax.random.key(4), (2, 12), 0, 64)
     np.testing.assert_array_equal(critic(ids), np.zeros((2, 12)))
     np.testing.assert_array_equal(critic.model.embed[...], policy.model.embed[...])
-    critic.model.embed[...] = critic.model.embed[...] + 1.0  # a copy, not an alias
-    assert not np.allclose(critic.model.embed[...], policy.model.embed[...])
+    policy_embed = np.array(policy.model.embed[...])
+    critic.model.embed[...] = critic.model.embed[...] + 1.0  # a copy, not an alias: the policy's stays as it was
+    np.testing.assert_array_equal(policy.model.embed[...], policy_embed)
+    np.testing.assert_array_equal(critic.model.embed[...], policy_embed + 1.0)
 
     _, trainable, frozen = split_critic_params(critic)
     trainable_paths = {".".join(map(str, p)) for p, _ in nnx.to_flat_state(trainable)}
@@ -89,15 +91,23 @@ def test_critic_starts_from_policy_with_zero_values_and_freezes_token_mixing():
     assert all("mixer" not in p for p in trainable_paths)
     assert any("mixer.q_proj" in p for p in frozen_paths) and any("mixer.A_log" in p for p in frozen_paths)
 
-    # one optimiser step on the trainable subset moves values and leaves the frozen part bit-identical
+    # one SGD step (lr 0.1) on the trainable subset of mean((V - 1)^2), from V = h . w + b with w = b = 0:
+    # dL/dV = -2 / N, so grad w = -2 mean_bt(h), grad b = -2, and the backbone's gradient is exactly 0 (it reaches
+    # V only through w = 0); after the step V = h . (0.2 mean_bt(h)) + 0.2 with the backbone unchanged
     graphdef = nnx.graphdef(critic)
 
     def loss(train):
         values = nnx.merge(graphdef, train, frozen)(ids)
         return jnp.mean((values - 1.0) ** 2)
 
+    hidden = np.asarray(critic.model(ids)[0], np.float32)
     grads = jax.grad(loss)(trainable)
+    # fp32 sums over 24 positions of O(1) hidden values
+    np.testing.assert_allclose(grads["value_head"][...], -2 * hidden.mean(axis=(0, 1)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grads["value_bias"][...], -2.0, rtol=1e-6)
+    backbone_grads = [(path, g) for path, g in nnx.to_flat_state(grads) if path[0] == "model"]
+    assert backbone_grads and all(not np.any(g[...]) for _, g in backbone_grads)
     updated = jax.tree.map(lambda p, g: p - 0.1 * g, trainable, grads)
     after = nnx.merge(graphdef, updated, frozen)
-    assert float(jnp.abs(after(ids)).max()) > 0
+    np.testing.assert_allclose(after(ids), hidden @ (0.2 * hidden.mean(axis=(0, 1))) + 0.2, rtol=1e-5, atol=1e-6)
     assert critic_trainable(("value_head",), after.value_head)
