@@ -213,3 +213,209 @@ def test_external_streamable_http_server():
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+# -- misbehaving servers --
+
+HANG_AT_INITIALIZE = """
+import sys
+for line in sys.stdin:  # reads every request, answers none
+    pass
+"""
+
+HANG_AT_TOOLS_LIST = """
+import json, sys
+for line in sys.stdin:
+    message = json.loads(line)
+    if message.get("method") == "initialize":
+        result = {"protocolVersion": message["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                  "serverInfo": {"name": "stuck", "version": "0"}}
+        print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}), flush=True)
+    elif "id" in message and message.get("method") != "tools/list":
+        print(json.dumps({"jsonrpc": "2.0", "id": message["id"],
+                          "error": {"code": -32601, "message": "method not found"}}), flush=True)
+"""
+
+DIES_MID_SESSION = """
+import os
+from mcp.server.mcpserver import MCPServer
+server = MCPServer("fragile")
+
+@server.tool()
+async def echo(text: str) -> str:
+    '''Echo the text.'''
+    return text
+
+@server.tool()
+async def die() -> str:
+    '''Exit the server process.'''
+    os._exit(1)
+
+server.run("stdio")
+"""
+
+
+def stdio_config(tmp_path, source, **limits):
+    script = tmp_path / "server.py"
+    script.write_text(textwrap.dedent(source))
+    return {"transport": "stdio", "command": sys.executable, "args": [str(script)], **limits}
+
+
+@pytest.mark.parametrize("source, stage", [(HANG_AT_INITIALIZE, "initialize"), (HANG_AT_TOOLS_LIST, "tools/list")],
+                         ids=["initialize", "tools_list"])
+def test_hung_server_raises_a_named_error_within_the_connect_timeout(tmp_path, source, stage):
+    import time
+
+    from mercury_jax.envs.mcp_adapter import MCPConnectTimeout
+
+    async def main():
+        async with asyncio.timeout(20):  # a regression hangs: fail instead of blocking the suite
+            async with connect_external(stdio_config(tmp_path, source, connect_timeout_s=1.0)) as toolbox:
+                await toolbox.list_tools()
+
+    start = time.perf_counter()
+    with pytest.raises(MCPConnectTimeout, match=f"{stage}.*within 1 s"):
+        run(main())
+    # 1 s of waiting, then the SDK stops the server process (closes stdin; it exits at EOF): well under 5 s
+    assert time.perf_counter() - start < 5.0
+
+
+def test_server_that_exits_at_start_raises_a_connect_error(tmp_path):
+    from mercury_jax.envs.mcp_adapter import MCPConnectError, MCPConnectTimeout
+
+    async def main():
+        async with connect_external(stdio_config(tmp_path, "raise SystemExit(3)")):
+            pass
+
+    with pytest.raises(MCPConnectError, match="could not open MCP server .*server.py") as raised:
+        run(main())
+    assert not isinstance(raised.value, MCPConnectTimeout)
+
+
+def test_dead_server_is_marked_and_not_called_again(tmp_path):
+    async def main():
+        async with connect_external(stdio_config(tmp_path, DIES_MID_SESSION)) as toolbox:
+            tools = await toolbox.list_tools()
+            text = call_text("echo", text="before") + call_text("die") + call_text("echo", text="after")
+            return await toolbox.call_all(calls_of(text, tools)), toolbox.dead
+    (before, died, after), dead = run(main())
+    assert (before.text, before.failure) == ("before", None)
+    assert died.is_error and died.failure.startswith("transport:") and "Connection closed" in dead
+    # not attempted: the agent reads that the server is gone, the runner marks the trajectory
+    assert after.is_error and not after.executed and after.failure.startswith("server gone:")
+    assert "unavailable" in after.text
+
+
+def test_blocking_tool_times_out_while_the_loop_keeps_ticking():
+    """A plain-`def` tool that blocks: its call gives the timeout observation on time, and a heartbeat task (another
+    episode's view of the loop) never waits much longer than its 10 ms tick."""
+    import threading
+    import time
+
+    from mercury_jax.envs.tool_threads import TOOL_THREADS
+
+    release = threading.Event()
+
+    def stuck(x: str) -> str:
+        """Blocks its thread until released."""
+        release.wait(20)
+        return x
+
+    gaps = []
+
+    async def heartbeat():
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        while True:
+            await asyncio.sleep(0.01)
+            gaps.append(loop.time() - last)
+            last = loop.time()
+
+    async def main():
+        beat = asyncio.ensure_future(heartbeat())
+        try:
+            async with MCPToolbox(build_server([stuck, search_tickets]), call_timeout_s=0.3) as toolbox:
+                tools = await toolbox.list_tools()
+                await asyncio.sleep(0.05)
+                gaps.clear()
+                start = time.perf_counter()
+                slow = await toolbox.call(calls_of(call_text("stuck", x="q"), tools)[0])
+                elapsed = time.perf_counter() - start
+                abandoned = TOOL_THREADS.stats()["abandoned"]
+                after = await toolbox.call(calls_of(call_text("search_tickets", query="next"), tools)[0])
+                return slow, elapsed, abandoned, after
+        finally:
+            beat.cancel()
+
+    try:
+        slow, elapsed, abandoned, after = run(main())
+    finally:
+        release.set()
+    assert slow.is_error and "did not answer within 0.3 s" in slow.text and "timed out" in slow.failure
+    assert elapsed < 0.5 and max(gaps) < 0.1, (elapsed, max(gaps))
+    assert abandoned >= 1  # the runaway thread is counted until it returns
+    assert not after.is_error and after.failure is None  # the server is alive: only that call failed
+    deadline = time.time() + 5
+    while TOOL_THREADS.stats()["abandoned"] and time.time() < deadline:
+        time.sleep(0.01)
+    assert TOOL_THREADS.stats()["abandoned"] == 0
+
+
+@pytest.mark.parametrize("cap", [None, 1000, "default"])
+def test_a_huge_result_becomes_a_capped_observation_with_a_note(cap):
+    from mercury_jax.envs.mcp_adapter import DEFAULT_MAX_RESULT_CHARS
+
+    size = 10 * 2**20
+
+    async def flood() -> str:
+        """Ten MiB of text."""
+        return "x" * size
+
+    limit = DEFAULT_MAX_RESULT_CHARS if cap == "default" else cap
+
+    async def main():
+        options = {} if cap == "default" else {"max_result_chars": cap}
+        async with MCPToolbox(build_server([flood]), **options) as toolbox:
+            return await toolbox.call(calls_of(call_text("flood"), await toolbox.list_tools())[0])
+    observation = run(main())
+    assert not observation.is_error and observation.failure is None
+    if limit is None:
+        assert observation.text == "x" * size
+    else:
+        shown, note = observation.text.split("\n", 1)
+        assert shown == "x" * limit
+        assert note.startswith("[truncated:") and f"{size:,} characters" in note and f"first {limit:,}" in note
+
+
+def test_external_config_limits():
+    toolbox = connect_external({"command": "python", "call_timeout_s": 5, "connect_timeout_s": 2,
+                                "max_result_chars": 100})
+    assert (toolbox.call_timeout_s, toolbox.connect_timeout_s, toolbox.max_result_chars) == (5.0, 2.0, 100)
+    toolbox = connect_external({"command": "python", "max_result_chars": None}, connect_timeout_s=7)
+    assert (toolbox.connect_timeout_s, toolbox.max_result_chars) == (7.0, None)
+    with pytest.raises(ValueError, match="connect_timeout_s must be a positive"):
+        MCPToolbox(build_server([search_tickets]), connect_timeout_s=0)
+
+
+def test_tool_threads_are_bounded_and_abandoned_threads_hold_their_slot():
+    import threading
+
+    from mercury_jax.envs.tool_threads import ToolThreads
+
+    pool, release = ToolThreads(max_threads=2), threading.Event()
+
+    async def main():
+        for _ in range(2):  # two runaways fill the pool
+            with pytest.raises(TimeoutError):
+                await pool.run(release.wait, 20, timeout_s=0.05)
+        assert pool.stats() == {"running": 2, "abandoned": 2, "max_threads": 2}
+        with pytest.raises(TimeoutError, match="all 2 tool threads stayed busy"):
+            await pool.run(lambda: "never started", timeout_s=0.1)
+        release.set()
+        return await pool.run(lambda: "ran", timeout_s=5)  # a slot frees when a runaway returns
+
+    try:
+        assert run(main()) == "ran"
+    finally:
+        release.set()
+    assert pool.stats()["abandoned"] == 0
