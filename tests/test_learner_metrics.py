@@ -202,20 +202,29 @@ def test_sao_explained_variance_is_zero_when_every_return_is_equal():
     assert float(stats["explained_variance"]) == 0.0 and float(stats["value_mean"]) == 0.0
 
 
-@pytest.mark.parametrize("case", SAO_CASES)
-def test_sao_critic_step_metrics_and_update(case):
+@pytest.mark.parametrize("case,value_clip", [(SAO_CASES[0], 0.0), (SAO_CASES[1], 0.0), (SAO_CASES[0], 0.15)])
+def test_sao_critic_step_metrics_and_update(case, value_clip):
     cfg = sao_config(case)
+    cfg.value_clip = value_clip
     _, returns, values, _ = naive_sao_advantages(cfg)
-    # a second epoch's critic sees targets that differ from its values; perturb them so the loss is not trivial
+    # a later critic epoch sees targets and old values that differ from its values; perturb both
     returns = returns + per_action([0.3, -0.2, 0.1, 0.4, -0.6, 0.2, 0.5])
+    old_values = values + per_action([0.3, -0.3, 0.05, -0.2, 0.1, 0.25, -0.1])
     batch = {"tokens": TOKENS, "action_mask": MASK, "returns": returns.astype(np.float32),
-             "old_values": values.astype(np.float32)}
+             "old_values": old_values.astype(np.float32)}
     metrics, new_params = sgd_step(make_critic_step, TableCritic(VALUE_TABLE), cfg, batch)
     weights = aggregation_weights(cfg.loss_agg)
-    value_loss = sum(weights[b, t] * 0.5 * (values[b, t] - returns[b, t]) ** 2 for b, t in ACTIONS)
-    grad = np.zeros(V)
+    value_loss, grad, clipped = 0.0, np.zeros(V), 0
     for b, t in ACTIONS:
-        grad[TOKENS[b, t - 1]] += weights[b, t] * (values[b, t] - returns[b, t])
+        v, g, old = values[b, t], returns[b, t], old_values[b, t]
+        square, d_square = (v - g) ** 2, v - g  # 0.5 (V - G)^2 and its derivative
+        if value_clip:
+            v_clipped = old + min(max(v - old, -value_clip), value_clip)
+            if (v_clipped - g) ** 2 > square:  # the clipped term wins; constant in V (V is past the clip)
+                square, d_square, clipped = (v_clipped - g) ** 2, 0.0, clipped + 1
+        value_loss += weights[b, t] * 0.5 * square
+        grad[TOKENS[b, t - 1]] += weights[b, t] * d_square
+    assert (0 < clipped < len(ACTIONS)) == bool(value_clip)  # both branches exercised
     assert set(metrics) == {"value_loss", "loss", "grad_norm"}
     np.testing.assert_allclose(float(metrics["value_loss"]), value_loss, **TOL)
     np.testing.assert_allclose(float(metrics["loss"]), value_loss, **TOL)
