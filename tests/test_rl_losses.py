@@ -182,7 +182,7 @@ def test_losses_exact_with_inf_padding_and_extreme_ratios():
                (np.expm1(d) - d)[mask].mean(), np.where(inside_clamp, 1 - np.exp(d), 0.0) / n),
     }
     for name, (fn, want_value, want_grad) in cases.items():
-        value, grad = jax.value_and_grad(lambda lp: fn(lp)[0])(logp)
+        value, grad = jax.value_and_grad(lambda lp, fn=fn: fn(lp)[0])(logp)
         np.testing.assert_allclose(value, want_value, **TOL, err_msg=name)
         np.testing.assert_allclose(grad, want_grad, **TOL, err_msg=name)
         assert not np.any(np.asarray(grad)[~mask]), name
