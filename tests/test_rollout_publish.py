@@ -62,7 +62,8 @@ def test_publish_then_donating_update_then_decode(model, tokenizer):  # noqa: F8
 
 def test_publish_of_a_foreign_structure_names_the_paths(model, tokenizer):  # noqa: F811
     worker = RolloutWorker(model, tokenizer, iter([]), num_slots=1, budgets=BUDGETS, sampling=REAL_SAMPLING)
-    with pytest.raises(ValueError, match=r"published weights hold \['no_such_layer'\] \(1 in all\).*publish nnx.state\(model\)"):
+    with pytest.raises(ValueError, match=r"published weights hold \['no_such_layer'\] \(1 in all\).*publish "
+                                         r"nnx.state\(model\)"):
         worker.publish({"no_such_layer": jnp.zeros(3)}, version=1)
 
 
