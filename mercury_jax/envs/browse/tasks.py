@@ -32,7 +32,8 @@ def generate_browse_tasks(seed: int, count: int, config: CorpusConfig = CorpusCo
     return [{"task_id": f"browse-{seed:06d}-{i:02d}", "world": "browse", "seed": seed,
              "system_prompt": SHORT_SYSTEM_PROMPT if short_prompts else SYSTEM_PROMPT,
              "user_prompt": q["question"], "tool_names": list(BROWSE_TOOLS), "answer": q["answer"],
-             "answer_fact": q["answer_fact"], "evidence": q["evidence"], "hops": q["hops"], "chain": q["chain"], "corpus_config": asdict(config)}
+             "answer_fact": q["answer_fact"], "evidence": q["evidence"], "hops": q["hops"], "chain": q["chain"],
+             "corpus_config": asdict(config)}
             for i, q in enumerate(generate_questions(corpus, count, config))]
 
 
