@@ -408,7 +408,7 @@ def test_tool_threads_are_bounded_and_abandoned_threads_hold_their_slot():
         for _ in range(2):  # two runaways fill the pool
             with pytest.raises(TimeoutError):
                 await pool.run(release.wait, 20, timeout_s=0.05)
-        assert pool.stats() == {"running": 2, "abandoned": 2, "max_threads": 2}
+        assert pool.stats() == {"running": 2, "abandoned": 2, "workers": 2, "max_threads": 2}
         with pytest.raises(TimeoutError, match="all 2 tool threads stayed busy"):
             await pool.run(lambda: "never started", timeout_s=0.1)
         release.set()

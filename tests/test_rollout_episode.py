@@ -360,3 +360,176 @@ def test_real_model_episodes_do_not_depend_on_their_neighbours(real_model, token
         assert all(lp == 0 for lp, m in zip(traj.rollout_logprobs, traj.action_mask) if not m)
         assert len(traj.tokens) <= REAL_BUDGETS.max_total_tokens
         assert 0.0 <= traj.reward <= 1.0
+
+
+# -- environments that fail --
+
+def twelve_tasks():
+    return [{**TASKS[i % len(TASKS)], "task_id": f"t{i:02d}"} for i in range(12)]
+
+
+def failing_factory(fail: dict):
+    """`make_episode`, except that task `fail[stage]` fails at that stage ("open": world building raises,
+    "list": listing the tools raises, "grade": grading raises)."""
+    def factory(task, **options):
+        episode = make_episode(task, **options)
+        stage = next((s for s, task_id in fail.items() if task_id == task["task_id"]), None)
+        if stage == "open":
+            def broken_world():
+                raise OSError("world database unreachable")
+            episode._tools = broken_world
+        elif stage == "list":
+            async def broken_listing():
+                raise RuntimeError("tools/list failed")
+            episode.tools = broken_listing
+        elif stage == "grade":
+            def broken_grade(*args):
+                raise KeyError("rubric")
+            episode.grade = broken_grade
+        return episode
+    return factory
+
+
+@pytest.mark.parametrize("stage", ["open", "list", "grade"])
+def test_one_failing_environment_costs_its_episode_only(tokenizer, stage):
+    from mercury_jax.rollout.failures import trainable
+
+    tasks = twelve_tasks()
+    engine = ScriptedEngine(None, num_slots=4)
+    runner = EpisodeRunner(engine, tokenizer, episode_factory=failing_factory({stage: "t05"}))
+    engine.script = oracle_script(tokenizer, tasks, runner.request_stride)
+    trajectories = runner.run(tasks)
+    # one entry per task, in order (consumers zip tasks with results); the failed one is a marked placeholder
+    assert [t.task_id for t in trajectories] == [t["task_id"] for t in tasks]
+    kept, dropped = trainable(trajectories)
+    assert dropped == 1 and len(kept) == 11 and all(t.reward == 1.0 for t in kept)
+    failed = trajectories[5]
+    assert failed.reward == 0.0 and failed.env_failure.startswith("open:" if stage != "grade" else "grade:")
+    if stage == "grade":  # the episode ran: its tokens are kept for the logs, never for training
+        assert failed.tokens == trajectories[5 - len(TASKS)].tokens and failed.num_action_tokens > 0
+    else:
+        assert failed.tokens == [] and failed.num_action_tokens == 0
+    (record,) = runner.failures
+    assert (record.task_id, record.episode_id, record.stage) == ("t05", 5, "open" if stage != "grade" else "grade")
+    assert {"open": "world database unreachable", "list": "tools/list failed", "grade": "rubric"}[stage] in record.error
+    assert runner.stats()["env_failures"] == 1 and runner.stats()["episodes_finished"] == 11
+    assert engine.results == {}  # the failed episode released its slot too
+
+
+def test_grading_that_hangs_is_a_failure_after_grade_timeout_s(tokenizer):
+    import threading
+
+    release = threading.Event()
+
+    def factory(task, **options):
+        episode = make_episode(task, **options)
+        if task["task_id"] == "t01":
+            episode.grade = lambda *args: release.wait(20)
+        return episode
+
+    tasks = twelve_tasks()[:3]
+    engine = ScriptedEngine(None)
+    runner = EpisodeRunner(engine, tokenizer, episode_factory=factory, grade_timeout_s=0.3)
+    engine.script = oracle_script(tokenizer, tasks, runner.request_stride)
+    try:
+        trajectories = runner.run(tasks)
+    finally:
+        release.set()
+    assert [t.env_failure is None for t in trajectories] == [True, False, True]
+    assert "grade_timeout_s=0.3" in trajectories[1].env_failure
+
+
+def test_tool_timeouts_and_dead_servers_mark_the_trajectory(tokenizer):
+    from mercury_jax.rollout.failures import trainable
+
+    def call(name):
+        return f"<tool_call>\n<function={name}>\n<parameter=x>\nq\n</parameter>\n</function>\n</tool_call>"
+    think = "\n</think>\n\n"
+    hang = {(0, 0): think + call("refuse") + "<|im_end|>", (0, 1): think + call("hang") + "<|im_end|>",
+            (0, 2): think + call("refuse") + "<|im_end|>", (0, 3): "\n</think>\n\nGave up.<|im_end|>"}
+    task = {**ENTERPRISE[0], "task_id": "faulty"}
+    (traj,), _ = run_scripted(tokenizer, [task], overrides=hang, call_timeout_s=0.3,
+                              factory=lambda t, **o: FaultyEpisode(t, **o))
+    assert traj.env_failure == "tool 'hang' at turn 1: tool 'hang' timed out after 0.3 s"
+    assert [r.get("failure") is None for r in traj.tool_results] == [True, False, True]
+    assert traj.finish_reason == "answered" and traj.reward == 1.0  # graded as usual, but:
+    assert trainable([traj]) == ([], 1)
+    (clean,), _ = run_scripted(tokenizer, [ENTERPRISE[0]])
+    assert clean.env_failure is None and all("failure" not in r for r in clean.tool_results)
+    assert trainable([clean]) == ([clean], 0)
+
+
+class BlockingEpisode(FaultyEpisode):
+    """FaultyEpisode plus `block`, a plain-`def` tool that blocks its thread (a synchronous tool gone wrong)."""
+
+    def _tools(self):
+        import threading
+
+        self.release = threading.Event()
+        tools = super()._tools()
+
+        def block(x: str) -> str:
+            """Blocks its thread."""
+            self.release.wait(10)
+            return x
+
+        return {**tools, "block": block}
+
+
+def test_no_loop_callback_blocks_over_a_realistic_episode_mix(tokenizer, monkeypatch):
+    """Enterprise and browse episodes (oracle replays: world building, searches, BM25, grading) and one episode
+    whose tool blocks its thread, on one event loop: a heartbeat task ticking every 10 ms never waits > 0.1 s, no
+    loop callback computes for > 0.1 s (its thread CPU time: what our code costs the loop, whatever else the
+    machine runs), and the blocking call ends in the timeout observation."""
+    import threading
+    import time
+
+    tasks = [{**task, "task_id": f"{task['task_id']}-{i}"} for i, task in enumerate(TASKS + TASKS)]
+    blocked = {**ENTERPRISE[0], "task_id": "blocked"}
+    think = "\n</think>\n\n"
+    overrides = {(len(tasks), 0): think + "<tool_call>\n<function=block>\n<parameter=x>\nq\n</parameter>\n"
+                                          "</function>\n</tool_call><|im_end|>",
+                 (len(tasks), 1): "\n</think>\n\nGave up.<|im_end|>"}
+
+    def factory(task, **options):
+        return BlockingEpisode(task, **options) if task["task_id"] == "blocked" else make_episode(task, **options)
+
+    engine = ScriptedEngine(None, num_slots=4)
+    runner = EpisodeRunner(engine, tokenizer, episode_factory=factory, call_timeout_s=0.3)
+    engine.script = oracle_script(tokenizer, tasks + [blocked], runner.request_stride, overrides)
+    gaps, callbacks, loop_thread = [], [], []
+    run_callback = asyncio.events.Handle._run
+
+    def timed_callback(handle):  # every task step and callback of the loop goes through Handle._run
+        if threading.current_thread() is not loop_thread[0]:
+            return run_callback(handle)
+        cpu = time.thread_time()
+        try:
+            return run_callback(handle)
+        finally:
+            callbacks.append((time.thread_time() - cpu, repr(getattr(handle._callback, "__self__", handle))[:200]))
+
+    async def heartbeat():
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        while True:
+            await asyncio.sleep(0.01)
+            gaps.append(loop.time() - last)
+            last = loop.time()
+
+    async def main():
+        beat = asyncio.ensure_future(heartbeat())
+        try:
+            return await runner.run_async(tasks + [blocked])
+        finally:
+            beat.cancel()
+
+    loop_thread.append(threading.current_thread())
+    monkeypatch.setattr(asyncio.events.Handle, "_run", timed_callback)
+    trajectories = asyncio.run(main())
+    monkeypatch.undo()
+    assert all(t.reward == 1.0 and t.env_failure is None for t in trajectories[:-1])
+    assert "timed out after 0.3 s" in trajectories[-1].env_failure
+    slowest = max(callbacks)
+    assert len(callbacks) > 500 and slowest[0] < 0.1, slowest
+    assert len(gaps) > 20 and max(gaps) < 0.1, sorted(gaps)[-5:]

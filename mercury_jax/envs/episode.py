@@ -41,17 +41,19 @@ class Episode:
         raise NotImplementedError
 
     async def __aenter__(self) -> Episode:
-        try:
-            tools = await run_blocking(self._tools, timeout_s=self.connect_timeout_s)
+        try:  # the server too: the SDK builds a pydantic model per tool (~10 ms each), too slow for the loop
+            server = await run_blocking(self._server, timeout_s=self.connect_timeout_s)
         except TimeoutError:
             raise TimeoutError(f"{self.task['world']} task {self.task.get('task_id')}: building the world took "
                                f"more than {self.connect_timeout_s:g} s; raise connect_timeout_s or use a "
                                f"smaller world") from None
-        self.toolbox = MCPToolbox(build_server(tools, name=f"{self.task['world']}-{self.task['task_id']}"),
-                                  call_timeout_s=self.call_timeout_s, connect_timeout_s=self.connect_timeout_s,
+        self.toolbox = MCPToolbox(server, call_timeout_s=self.call_timeout_s, connect_timeout_s=self.connect_timeout_s,
                                   max_result_chars=self.max_result_chars)
         await self.toolbox.__aenter__()
         return self
+
+    def _server(self):
+        return build_server(self._tools(), name=f"{self.task['world']}-{self.task['task_id']}")
 
     async def __aexit__(self, *exc_info) -> None:
         if self.toolbox is not None:

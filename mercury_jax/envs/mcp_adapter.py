@@ -40,6 +40,8 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
+import jsonschema  # noqa: F401 (the SDK imports it on the first structured result: 0.2 s on the event loop)
+
 from mercury_jax.chat.parse import ToolCall
 from mercury_jax.envs.tool_threads import TOOL_THREADS, ToolThreads
 

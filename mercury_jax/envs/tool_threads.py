@@ -18,6 +18,7 @@ not trained on: a runaway tool may still change that episode's state after the c
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -27,15 +28,20 @@ _SLOT_POLL_S = 0.005  # how often a caller retries for a slot while all are held
 
 
 class ToolThreads:
-    """At most `max_threads` daemon threads running blocking calls for coroutines on any event loop."""
+    """At most `max_threads` daemon threads running blocking calls for coroutines on any event loop.
 
-    def __init__(self, max_threads: int = DEFAULT_MAX_THREADS):
+    Workers are kept (idle ones wait `idle_exit_s` for work, then end): starting a thread makes the starter wait
+    until the thread runs, milliseconds on a busy machine, which must not be paid on the event loop per call.
+    """
+
+    def __init__(self, max_threads: int = DEFAULT_MAX_THREADS, *, idle_exit_s: float = 60.0):
         if max_threads < 1:
             raise ValueError(f"max_threads must be >= 1, got {max_threads}")
-        self.max_threads = max_threads
-        self._slots = threading.BoundedSemaphore(max_threads)
+        self.max_threads, self.idle_exit_s = max_threads, idle_exit_s
+        self._slots = threading.BoundedSemaphore(max_threads)  # one per call from start to return
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._running = self._abandoned = 0
+        self._running = self._abandoned = self._workers = self._idle = 0
 
     async def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
         """`fn(*args, **kwargs)` in a thread of this pool; raises what `fn` raises, or `TimeoutError` after
@@ -51,9 +57,14 @@ class ToolThreads:
         call = {"done": False, "abandoned": False}
         with self._lock:
             self._running += 1
-        thread = threading.Thread(target=self._work, args=(loop, future, call, fn, args, kwargs), daemon=True,
-                                  name=f"tool-{getattr(fn, '__name__', 'call')}")
-        thread.start()
+            start_worker = self._idle == 0  # slots bound calls, so workers never exceed max_threads
+            if start_worker:
+                self._workers += 1
+            else:
+                self._idle -= 1  # that idle worker takes this job
+        self._jobs.put((loop, future, call, fn, args, kwargs))
+        if start_worker:
+            threading.Thread(target=self._worker, daemon=True, name="tool-thread").start()
         try:
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that arrives as the
             # result does (the episode would run on after its run was cancelled)
@@ -67,9 +78,26 @@ class ToolThreads:
             raise
 
     def stats(self) -> dict[str, int]:
-        """`running`: threads working now; `abandoned`: those still running after their caller gave up."""
+        """`running`: calls executing now; `abandoned`: those still running after their caller gave up;
+        `workers`: threads alive (running or idle)."""
         with self._lock:
-            return {"running": self._running, "abandoned": self._abandoned, "max_threads": self.max_threads}
+            return {"running": self._running, "abandoned": self._abandoned, "workers": self._workers,
+                    "max_threads": self.max_threads}
+
+    def _worker(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=self.idle_exit_s)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle > 0:  # else a caller has just counted on this worker: take its job
+                        self._idle -= 1
+                        self._workers -= 1
+                        return
+                continue
+            self._work(*job)
+            with self._lock:
+                self._idle += 1
 
     def _work(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future, call: dict, fn, args, kwargs) -> None:
         try:
