@@ -145,3 +145,9 @@ def test_model_with_pallas_gdn_matches_transformers(tmp_path):
     torch.sum(torch.gather(torch.log_softmax(hf_out, -1), -1, torch.as_tensor(ids[:, 1:, None]))).backward()
     np.testing.assert_allclose(np.asarray(grads.model.embed[...]), reference.model.embed_tokens.weight.grad.numpy(),
                                atol=1e-5, rtol=1e-4)
+
+
+def test_mosaic_chunk_size_must_be_a_multiple_of_8():
+    x = make_inputs(6, batch=1, time=24, heads=1, key_dim=8, value_dim=8)
+    with pytest.raises(ValueError, match="chunk_size 12 is not a multiple of 8.*use chunk_size 64"):
+        pallas_gated_delta_rule(*(x[n] for n in NAMES[:5]), chunk_size=12, interpret=False)

@@ -21,9 +21,10 @@ block) X_b; log2(C) levels, the same products as the reshaped form plus zeros.
 
 VMEM per grid step (K = V = 128, C = 64, f32 inputs; each pipelined block double-buffered): q, k, v 3 x 2 x 32 KiB,
 o 2 x 32 KiB, the saved state 2 x 64 KiB, the state scratch 64 KiB, a dozen C x C / C x K temporaries (16-32 KiB
-each): ~0.8 MiB, a small fraction of the default scoped-VMEM limit (16 MiB), so C = 64 is not VMEM-bound. C = 64
-fills half of the 128-wide MXU in the C x C products; it is the model's `gdn_chunk_size` and keeps the C^3 log C
-inverse (12 C x C x C matmuls) below the C K V state products.
+each): ~0.8 MiB. The v5p AOT compile (`mercury_jax/bench/gated_delta_aot.py`) fits it in the default scoped VMEM
+without a `vmem_limit_bytes` override, and a chip's VMEM (tens of MiB) would hold many times more, so C = 64 is not
+VMEM-bound. C = 64 fills half of the 128-wide MXU in the C x C products; it is the model's `gdn_chunk_size` and
+keeps the C^3 log C inverse (12 C x C x C matmuls) below the C K V state products (3 C K V per chunk).
 
 Semantics, padding and segment handling are those of `chunked.py`: T is padded to a multiple of C with g = beta =
 k = 0 steps; `segment_ids_BxT` restarts the state at every id change; the initial state reaches the first document
