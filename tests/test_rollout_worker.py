@@ -110,3 +110,28 @@ def test_stop_abandons_in_flight_episodes_without_duplicates(model, tokenizer): 
     ids = [t.task_id for t in first + rest]
     assert len(ids) == len(set(ids)) and not worker.running
     assert all(t.tokens for t in first)
+
+
+def test_failing_environments_cost_their_episodes_and_the_worker_goes_on(model, tokenizer):  # noqa: F811
+    """12 tasks; one environment fails to open, one's grade raises: 10 trajectories reach the queue, the two
+    failures are recorded and counted in stats, and the worker ends normally (it did not die at the first)."""
+    from test_rollout_episode import failing_factory, twelve_tasks
+
+    tasks = twelve_tasks()
+    worker = make_worker(model, tokenizer, iter(tasks),
+                         episode_factory=failing_factory({"open": "t03", "grade": "t08"})).start()
+    received = []
+    while True:
+        try:
+            received.append(worker.get(timeout=120))
+        except RuntimeError:  # ended, queue drained
+            break
+    worker.join()
+    assert sorted(t.task_id for t in received) == [t["task_id"] for t in tasks if t["task_id"] not in ("t03", "t08")]
+    assert all(t.env_failure is None for t in received)
+    assert [(f.task_id, f.stage) for f in sorted(worker.failures, key=lambda f: f.task_id)] == [("t03", "open"),
+                                                                                               ("t08", "grade")]
+    stats = worker.stats()
+    assert stats["env_failures"] == 2 and stats["env_failure_stages"] == {"open": 1, "grade": 1}
+    assert stats["episodes"] == 10 and stats["error"] is None and not worker.running
+    assert not worker.engine.results and not worker.engine.parked  # the failed episodes released their slots
