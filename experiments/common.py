@@ -34,7 +34,8 @@ def model_config(tiny: bool) -> ml_collections.ConfigDict:
     c.hf_path = "" if tiny else "/checkpoints/Qwen3.5-35B-A3B"  # an HF checkpoint directory (real runs)
     c.preset = "tiny" if tiny else ""                             # build from scratch instead (tiny demos)
     c.overrides = ml_collections.ConfigDict(
-        dict(hidden_size=96, num_hidden_layers=4, full_attention_interval=2, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+        dict(hidden_size=96, num_hidden_layers=4, full_attention_interval=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=24,
              linear_key_head_dim=24, linear_value_head_dim=24, linear_num_key_heads=2, linear_num_value_heads=4,
              moe_intermediate_size=64, shared_expert_intermediate_size=96, num_experts=8, num_experts_per_tok=2)
         if tiny else {})

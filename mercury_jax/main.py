@@ -8,11 +8,20 @@ SIGTERM checkpoints the step in progress and exits with status 143 (`train/preem
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 
+import flax
+import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from mercury_jax.export import save_run_config  # workdir/config.json: lets `mercury_jax.export` rebuild the model
+from mercury_jax.train import preemption  # SIGTERM: checkpoint the current step, then exit 143
+from mercury_jax.train.pipelines import PIPELINES
+from mercury_jax.train.resume import check_run_config  # a rerun resumes: it must be the same run
+from mercury_jax.train.validate import validate_config
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file, e.g. experiments/sao.py:tiny",
                                           lock_config=True)
@@ -26,7 +35,8 @@ _RESUME_FORCE_CONFIG = flags.DEFINE_bool(
 def _is_multihost() -> bool:
     if _MULTIHOST.value is not None:
         return _MULTIHOST.value
-    return any(k in os.environ for k in ("JAX_COORDINATOR_ADDRESS", "TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS"))
+    return any(k in os.environ
+               for k in ("JAX_COORDINATOR_ADDRESS", "TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS"))
 
 
 def main(argv):
@@ -37,13 +47,9 @@ def main(argv):
     config = _CONFIG.value
     if config is None:
         raise app.UsageError("--config is required, e.g. --config experiments/sao.py:tiny")
-    from mercury_jax.train.validate import validate_config
     validate_config(config)
     if _is_multihost():
-        import jax
         jax.distributed.initialize()
-    import jax
-    import flax
 
     workdir = _WORKDIR.value or os.path.join("runs", f"{config.pipeline}-{time.strftime('%Y%m%d-%H%M%S')}")
     os.makedirs(workdir, exist_ok=True)
@@ -51,20 +57,14 @@ def main(argv):
           f"jax {jax.__version__}, flax {flax.__version__}, backend {jax.default_backend()}, {jax.device_count()} "
           f"devices ({jax.local_device_count()} local), process {jax.process_index()}/{jax.process_count()}",
           flush=True)
-    from mercury_jax.train.resume import check_run_config  # a rerun resumes: it must be the same run
     check_run_config(workdir, config, force=_RESUME_FORCE_CONFIG.value)
-    from mercury_jax.export import save_run_config  # workdir/config.json: lets `mercury_jax.export` rebuild the model
     save_run_config(config, workdir)
-    from mercury_jax.train import preemption  # SIGTERM: checkpoint the current step, then exit 143
     preemption.install()
-    from mercury_jax.train.pipelines import PIPELINES
     PIPELINES[config.pipeline](config, workdir)
 
 
 def unknown_override(argv: list[str]) -> str | None:
     """The first `--config.a.b=...` override naming a field the config file does not have, as a message."""
-    import importlib.util
-
     config_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
     if config_arg is None and "--config" in argv[:-1]:
         config_arg = argv[argv.index("--config") + 1]

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mercury_jax.chat.special_tokens import (IM_END, IM_START, THINK, THINK_END, TOOL_RESPONSE,
-                                             TOOL_RESPONSE_END)
+from mercury_jax.chat.special_tokens import IM_END, IM_START, THINK, THINK_END, TOOL_RESPONSE, TOOL_RESPONSE_END
 from mercury_jax.chat.tokenizer import Tokenizer
 
 

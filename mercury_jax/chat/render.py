@@ -27,6 +27,7 @@ from mercury_jax.chat.special_tokens import IM_END, IM_START, THINK, THINK_END, 
 from mercury_jax.chat.template import render_chat_template
 from mercury_jax.chat.tools_block import TOOLS_FOOTER, TOOLS_HEADER, TOOLS_INSTRUCTIONS, normalize_tool_call
 
+
 def render(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None, *,
            add_generation_prompt: bool = True, enable_thinking: bool = True,
            chat_template: str | None = None) -> str:

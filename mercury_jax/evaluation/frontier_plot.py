@@ -10,9 +10,9 @@ from pathlib import Path
 def plot_frontier(records: Sequence[Mapping], selected_step: int, path: str | Path, *,
                   start_step: int = 0, confidence: float = 0.95, title: str = "") -> Path:
     """Write the frontier plot of `records` (as `table.checkpoint_record` makes them) to `path`; returns it."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415  (~0.5 s to import; only plotting needs it)
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415  (after the backend is chosen)
 
     records = sorted(records, key=lambda r: r["step"])
     over = [r["over_search_rate"] for r in records]

@@ -6,7 +6,7 @@ Parameters of scanned blocks carry a leading `layers` axis that is not in their 
 """
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import jax
 from flax import nnx

@@ -37,15 +37,16 @@ from mercury_jax.rollout.engine import Engine, Request, Sample
 from mercury_jax.rollout.episode import EpisodeRunner, decode_known
 from mercury_jax.train import preemption, setup
 from mercury_jax.train.checkpoints import Checkpointer
-from mercury_jax.train.guards import NonFiniteGuard
 from mercury_jax.train.grpo_learner import frozen_reference, make_grpo_step, make_reference_logprobs
+from mercury_jax.train.guards import NonFiniteGuard
 from mercury_jax.train.metrics import MetricsLogger
 from mercury_jax.train.optim import make_optimizer
-from mercury_jax.train.placement import batch_to_mesh, device_copy, group_meshes, onto_mesh, shardings_of
 from mercury_jax.train.pivot_data import build_pivots, prompt_ids, read_pivots, task_tool_schemas
+from mercury_jax.train.placement import batch_to_mesh, device_copy, group_meshes, onto_mesh, shardings_of
 from mercury_jax.train.resume import truncate_jsonl
 from mercury_jax.train.sao import TaskStream
 from mercury_jax.train.state import TrainState
+from mercury_jax.train.warm_start import prepare_sft_data, run_sft_pipeline
 
 PROGRESS = ("reward", "outcome_correct_stop", "over_search_rate", "zero_variance_fraction", "kl", "clip_fraction")
 LEARNER_KEYS = ("loss", "policy_loss", "kl_loss", "kl", "clip_fraction", "clip_low_fraction", "clip_high_fraction",
@@ -160,8 +161,6 @@ def run_grpo(config: ml_collections.ConfigDict, workdir: Path):
 # ------------------------------------------------------------------------------------------------ set-up
 def starting_policy(config: ml_collections.ConfigDict, workdir: Path):
     """(policy, tokenizer): the SFT warm start when `sft.enabled` (tiny demo), else `model.hf_path` / the preset."""
-    from mercury_jax.train.pipelines import prepare_sft_data, run_sft_pipeline
-
     if config.sft.enabled:
         return run_sft_pipeline(config, workdir)
     if config.tokenizer.kind == "sentencepiece":  # trained on (cached under) the same oracle text as a warm start

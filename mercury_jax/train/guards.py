@@ -44,7 +44,6 @@ def keep_if_finite(finite, new, old):
 
 class NonFiniteGuard:
     """The host-side policy over the steps' `finite` metric; `skipped` counts the skipped steps of the run."""
-
     def __init__(self, policy: str = "raise", max_skipped: int = 0, *, name: str = "train", skipped: int = 0):
         if policy not in POLICIES:
             raise ValueError(f"train.nonfinite is {policy!r}; use one of {POLICIES} ('raise' stops at the first "
@@ -54,7 +53,7 @@ class NonFiniteGuard:
         self.policy, self.max_skipped, self.name, self.skipped = policy, max_skipped, name, skipped
 
     @classmethod
-    def from_config(cls, train_cfg, *, name: str, history: list[dict] = ()) -> "NonFiniteGuard":
+    def from_config(cls, train_cfg, *, name: str, history: list[dict] = ()) -> NonFiniteGuard:
         """From a config's `train` section (None or missing fields: raise). A resumed run continues the count of
         its earlier steps (the last `nonfinite_skipped` of `history`)."""
         get = (lambda key, default: train_cfg.get(key, default)) if train_cfg is not None else (lambda k, d: d)

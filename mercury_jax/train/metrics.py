@@ -28,7 +28,7 @@ class MetricsLogger:
             self.history = read_jsonl(self.path)
         self._writer = None
         if tensorboard:
-            from tensorboardX import SummaryWriter
+            from tensorboardX import SummaryWriter  # noqa: PLC0415  (imports TensorFlow-style protobufs: only when asked)
             self._writer = SummaryWriter(str(self.workdir / "tensorboard" / name))
         self._start = time.perf_counter()
         self._start_step: int | None = None
@@ -70,9 +70,9 @@ class MetricsLogger:
         keys = [k for k in keys if any(k in r for r in self.history)]
         if not keys:
             return None
-        import matplotlib
+        import matplotlib  # noqa: PLC0415  (~0.5 s to import; only plotting needs it)
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # noqa: PLC0415  (after the backend is chosen)
 
         fig, axes = plt.subplots(len(keys), 1, figsize=(7, 2.4 * len(keys)), sharex=True, squeeze=False)
         for ax, key in zip(axes[:, 0], keys):
@@ -98,9 +98,9 @@ class MetricsLogger:
 def plot_evaluations(evaluations: list[dict], path: str | Path, *, title: str = "held-out evaluations") -> Path:
     """One PNG of held-out evaluations over training: mean reward +- 1 sem and the all-effects pass rate per step
     (records with `step`, `reward`, `reward_sem`, `all_effects_pass`)."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415  (~0.5 s to import; only plotting needs it)
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415  (after the backend is chosen)
 
     steps = [e["step"] for e in evaluations]
     fig, ax = plt.subplots(figsize=(7, 3.2))

@@ -1,56 +1,20 @@
 """The pipelines `mercury_jax.main` runs, by `config.pipeline`: "sft" (warm start), "sao" and "grpo" (pivot GRPO)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import ml_collections
 
-from mercury_jax.train import setup
-
-
-
-def prepare_sft_data(config: ml_collections.ConfigDict, workdir: Path):
-    """Train tasks -> oracle chats (with the `config.oracle` options when the config has them) -> tokenizer (trained
-    on their text when SentencePiece) -> (ids, action mask)."""
-    from mercury_jax.chat import render
-    from mercury_jax.rollout.messages import trajectory_from_messages
-
-    tasks = setup.world_tasks(config.world, "train")
-    chats = setup.oracle_messages(tasks, config.oracle.to_dict() if "oracle" in config else None)
-    tools = setup.tool_schemas(tasks)
-    tokenizer = setup.build_tokenizer(config.tokenizer, workdir, [render(m, t) for m, t in zip(chats, tools)])
-    trajectories = [trajectory_from_messages(tokenizer, m, t) for m, t in zip(chats, tools)]
-    sequences = [(traj.tokens, traj.action_mask) for traj in trajectories]
-    lengths = [len(s[0]) for s in sequences]
-    print(f"SFT data: {len(sequences)} oracle trajectories, {min(lengths)}-{max(lengths)} tokens "
-          f"(mean {sum(lengths) / len(lengths):.0f}), vocabulary {tokenizer.vocab_size}", flush=True)
-    return tokenizer, sequences
-
-
-def run_sft_pipeline(config: ml_collections.ConfigDict, workdir: str | Path):
-    from mercury_jax.train.sft import run_sft
-
-    workdir = Path(workdir)
-    tokenizer, sequences = prepare_sft_data(config, workdir)
-    model = setup.build_model(config.model, tokenizer.vocab_size, config.seed)
-    model, history = run_sft(config.sft, model, sequences, workdir / "sft", seed=config.seed,
-                             checkpoint_cfg=config.sft.get("checkpoint") or config.checkpoint,
-                             pad_id=tokenizer.pad_id, train_cfg=config.get("train"))
-    summary = {"final_loss": history[-1]["loss"] if history else None, "steps": config.sft.steps}
-    (workdir / "sft_summary.json").write_text(json.dumps(summary, indent=2))
-    return model, tokenizer
+from mercury_jax.train.grpo import run_grpo
+from mercury_jax.train.sao import run_sao
+from mercury_jax.train.warm_start import run_sft_pipeline
 
 
 def run_sao_pipeline(config: ml_collections.ConfigDict, workdir: str | Path):
-    from mercury_jax.train.sao import run_sao
-
     return run_sao(config, Path(workdir))
 
 
 def run_grpo_pipeline(config: ml_collections.ConfigDict, workdir: str | Path):
-    from mercury_jax.train.grpo import run_grpo
-
     return run_grpo(config, Path(workdir))
 
 

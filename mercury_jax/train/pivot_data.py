@@ -19,8 +19,10 @@ from pathlib import Path
 
 from mercury_jax.chat import parse_assistant
 from mercury_jax.envs.browse.pivots import extract_pivots, write_pivots
+from mercury_jax.envs.episode import oracle_trajectory
 from mercury_jax.rollout.messages import trajectory_from_messages
 from mercury_jax.rollout.trajectory import Trajectory
+from mercury_jax.train.setup import tool_schemas
 
 SOURCES = ("policy", "oracle")
 
@@ -36,7 +38,6 @@ def build_pivots(tasks: Sequence[Mapping], path: str | Path, *, source: str, ora
     source, `policy_version` (which policy sampled the trajectory), the message index of the cut, the task's
     seed, and for the oracle its options.
     """
-    from mercury_jax.envs.episode import oracle_trajectory
 
     if source not in SOURCES:
         raise ValueError(f"pivot source {source!r} is not one of {SOURCES}")
@@ -106,7 +107,6 @@ def prompt_ids(tokenizer, prefix: Sequence[Mapping], tools: Sequence[Mapping] | 
 def task_tool_schemas(tasks: Sequence[Mapping]) -> list[list[dict]]:
     """The tool schemas of each task's episode, mounted once per distinct (world, tool_names): the schemas depend
     on the tool set only, not on the task's corpus."""
-    from mercury_jax.train.setup import tool_schemas
 
     keys = [(task["world"], tuple(task["tool_names"])) for task in tasks]
     cache: dict = {}

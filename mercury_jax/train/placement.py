@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 
 import jax
 import numpy as np
+from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from mercury_jax.parallel import make_mesh
@@ -49,7 +50,5 @@ def shardings_of(tree):
 
 def device_copy(model, device):
     """A copy of `model` on `device` that never aliases its buffers (learner steps donate theirs)."""
-    from flax import nnx
-
     graphdef, state = nnx.split(model)
     return nnx.merge(graphdef, jax.device_put(state, device, may_alias=False))

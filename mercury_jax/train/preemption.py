@@ -16,7 +16,6 @@ _requested: int | None = None  # the signal number received, if any
 
 class Preempted(SystemExit):
     """The run stopped on a preemption signal after checkpointing `step`."""
-
     def __init__(self, step: int, signum: int):
         super().__init__(128 + signum)
         self.step, self.signum = step, signum

@@ -26,6 +26,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from mercury_jax.evaluation import discordant_counts, paired_difference, sign_test
 from mercury_jax.parallel import shard_params
 from mercury_jax.rollout.engine import Engine
 from mercury_jax.rollout.episode import EpisodeRunner
@@ -41,6 +42,7 @@ from mercury_jax.train.resume import read_jsonl, truncate_jsonl
 from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step
 from mercury_jax.train.sft import epoch_order
 from mercury_jax.train.state import TrainState
+from mercury_jax.train.warm_start import prepare_sft_data, run_sft_pipeline
 from models.qwen35_moe.critic import Qwen35MoeCritic, critic_trainable
 
 PROGRESS = ("reward", "all_effects_pass", "truncation_rate", "value_loss", "dis_masked_fraction")
@@ -48,7 +50,6 @@ PROGRESS = ("reward", "all_effects_pass", "truncation_rate", "value_loss", "dis_
 
 class TaskStream:
     """Train tasks in a seeded order, reshuffled each epoch; its state is the number of tasks handed out."""
-
     def __init__(self, tasks: list[dict], seed: int, consumed: int = 0):
         self.tasks, self.seed, self.consumed = tasks, seed, consumed
 
@@ -83,7 +84,6 @@ def trajectory_metrics(trajectories: list[Trajectory]) -> dict:
 def write_eval_summary(evals: list[dict], out: Path) -> dict | None:
     """Compare the last held-out evaluation with the first (the warm start's), paired task by task (the same tasks
     and sampling seeds at every evaluation, so per-task difficulty cancels); print it and write it as JSON."""
-    from mercury_jax.evaluation import discordant_counts, paired_difference, sign_test
 
     if len(evals) < 2 or "task_all_effects_pass" not in evals[0] or evals[0]["task_ids"] != evals[-1]["task_ids"]:
         return None
@@ -126,8 +126,6 @@ def _stop_quietly(worker: RolloutWorker) -> None:
 
 
 def run_sao(config: ml_collections.ConfigDict, workdir: Path):
-    from mercury_jax.train.pipelines import prepare_sft_data, run_sft_pipeline
-
     workdir = Path(workdir)
     if config.sft.enabled:
         model, tokenizer = run_sft_pipeline(config, workdir)

@@ -1,6 +1,7 @@
 """Build what every pipeline needs from its config: tasks, tokenizer, model, device groups."""
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import jax
@@ -8,17 +9,19 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from mercury_jax.envs.episode import oracle_trajectory
+from mercury_jax.chat import qwen35_tokenizer, train_sentencepiece_tokenizer
+from mercury_jax.envs.behaviour import BehaviourConfig
+from mercury_jax.envs.episode import make_episode, oracle_trajectory
+from mercury_jax.envs.generate import read_tasks
 from mercury_jax.envs.presets import preset_tasks
+from mercury_jax.rollout.episode import Budgets, SamplingParams
 from models.qwen35_moe import Qwen35MoeForCausalLM, load_hf
 from models.qwen35_moe.config import PRESETS
-
 
 
 def world_tasks(world: ml_collections.ConfigDict, split: str) -> list[dict]:
     """Train or eval tasks: from the corpus directory if set, else generated in process (disjoint seeds)."""
     if world.corpus_dir:
-        from mercury_jax.envs.generate import read_tasks
         tasks = list(read_tasks(world.corpus_dir))
         n_eval = world.num_eval_tasks
         return tasks[n_eval:n_eval + world.num_train_tasks] if split == "train" else tasks[:n_eval]
@@ -34,10 +37,6 @@ def world_tasks(world: ml_collections.ConfigDict, split: str) -> list[dict]:
 
 def tool_schemas(tasks: list[dict]) -> list[list[dict]]:
     """The OpenAI-style tool schemas each task's episode offers (as the rollout renders them)."""
-    import asyncio
-
-    from mercury_jax.envs.episode import make_episode
-
     async def one(task):
         async with make_episode(task) as episode:
             return await episode.tools()
@@ -55,7 +54,6 @@ def oracle_messages(tasks: list[dict], options: dict | None = None) -> list[list
 
 def build_tokenizer(cfg: ml_collections.ConfigDict, workdir: str | Path, corpus_texts: list[str]):
     """The Qwen3.5 BPE, or a SentencePiece model trained (deterministically, cached) on `corpus_texts`."""
-    from mercury_jax.chat import qwen35_tokenizer, train_sentencepiece_tokenizer
     if cfg.kind == "qwen35":
         return qwen35_tokenizer()
     if cfg.kind == "sentencepiece":
@@ -99,8 +97,6 @@ def device_groups(sizes: dict[str, int]) -> dict[str, list]:
 
 def rollout_budgets(rollout: ml_collections.ConfigDict):
     """The episode budgets of a config's `rollout` section."""
-    from mercury_jax.rollout.episode import Budgets
-
     return Budgets(max_tool_turns=rollout.max_tool_turns, max_total_tokens=rollout.max_total_tokens,
                    max_turn_tokens=rollout.max_turn_tokens)
 
@@ -108,13 +104,10 @@ def rollout_budgets(rollout: ml_collections.ConfigDict):
 def behaviour(config: ml_collections.ConfigDict):
     """The behaviour multiplier's settings from `config.behaviour` (the defaults where a run's config predates
     the section)."""
-    from mercury_jax.envs.behaviour import BehaviourConfig
 
     return BehaviourConfig(**config.behaviour.to_dict()) if "behaviour" in config else BehaviourConfig()
 
 
 def rollout_sampling(rollout: ml_collections.ConfigDict, seed: int):
     """The sampling parameters of a config's `rollout` section with the stream's `seed`."""
-    from mercury_jax.rollout.episode import SamplingParams
-
     return SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, seed=seed)

@@ -7,7 +7,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import optax
@@ -26,7 +27,7 @@ class TrainState:
 
     @classmethod
     def create(cls, model: nnx.Module, tx: optax.GradientTransformation,
-               trainable: Callable | type = nnx.Param) -> "TrainState":
+               trainable: Callable | type = nnx.Param) -> TrainState:
         graphdef, params, frozen = nnx.split(model, trainable, ...)
         return cls(graphdef, params, frozen, tx.init(params), tx)
 
@@ -37,7 +38,7 @@ class TrainState:
         """The checkpointable arrays."""
         return {"params": self.params, "frozen": self.frozen, "opt_state": self.opt_state}
 
-    def replace_arrays(self, arrays: dict) -> "TrainState":
+    def replace_arrays(self, arrays: dict) -> TrainState:
         return dataclasses.replace(self, params=arrays["params"], frozen=arrays["frozen"],
                                    opt_state=arrays["opt_state"])
 

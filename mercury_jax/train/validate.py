@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax
 import ml_collections
+
+from mercury_jax.envs.browse.stop_verifier import STOP_RULES
+from mercury_jax.rl.aggregation import LOSS_AGG_MODES
+from mercury_jax.train.guards import NonFiniteGuard
+from mercury_jax.train.pivot_data import SOURCES
 
 REQUIRED = {
     "sft": ("seed", "model", "tokenizer", "world", "sft", "checkpoint"),
@@ -39,7 +45,6 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     if "behaviour" in config:
         _validate_behaviour(config.behaviour)
     if "train" in config:
-        from mercury_jax.train.guards import NonFiniteGuard
         try:
             NonFiniteGuard.from_config(config.train, name=pipeline)
         except ValueError as error:
@@ -63,8 +68,6 @@ def _validate_behaviour(behaviour) -> None:
 
 
 def _validate_sao(config) -> None:
-    import jax
-
     groups = dict(config.devices)
     total = sum(groups.values())
     if total == 0:
@@ -87,12 +90,6 @@ def _validate_sao(config) -> None:
 
 
 def _validate_grpo(config) -> None:
-    import jax
-
-    from mercury_jax.envs.browse.stop_verifier import STOP_RULES
-    from mercury_jax.rl.aggregation import LOSS_AGG_MODES
-    from mercury_jax.train.pivot_data import SOURCES
-
     g, rollout = config.grpo, config.rollout
     if config.world.name != "browse":
         raise ConfigError(f"world.name is {config.world.name!r}; pivot GRPO trains on browsing states, set "

@@ -23,9 +23,15 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-from models.qwen35_moe.checkpoint_errors import (CheckpointError, CorruptShardError, DuplicateTensorError,
-                                                 MissingShardError, ShardIndexError, ShardPathError,
-                                                 SymlinkLoopError)
+from models.qwen35_moe.checkpoint_errors import (
+    CheckpointError,
+    CorruptShardError,
+    DuplicateTensorError,
+    MissingShardError,
+    ShardIndexError,
+    ShardPathError,
+    SymlinkLoopError,
+)
 
 log = logging.getLogger(__name__)
 

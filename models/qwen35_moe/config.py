@@ -155,12 +155,12 @@ class Qwen35MoeConfig:
             return (), 0, types
         return pattern, n_blocks, types[n_blocks * period:]
 
-    def replace(self, **changes) -> "Qwen35MoeConfig":
+    def replace(self, **changes) -> Qwen35MoeConfig:
         return dataclasses.replace(self, **changes)
 
     # ---------------------------------------------------------------------------------------- HF conversion
     @classmethod
-    def from_hf(cls, hf_config: dict[str, Any] | str | Path, **runtime) -> "Qwen35MoeConfig":
+    def from_hf(cls, hf_config: dict[str, Any] | str | Path, **runtime) -> Qwen35MoeConfig:
         """Build from an HF config dict or a path to `config.json` (composite or flat text config).
 
         `runtime` sets our own fields (dtype, remat_policy, ...). Unknown HF keys are ignored.

@@ -25,7 +25,7 @@ class Qwen35MoeCritic(nnx.Module):
         self.value_bias = make_param(rngs, constant_init(0.0), (), (), jnp.float32)
 
     @classmethod
-    def from_policy(cls, policy: Qwen35MoeForCausalLM, *, rngs: nnx.Rngs | None = None) -> "Qwen35MoeCritic":
+    def from_policy(cls, policy: Qwen35MoeForCausalLM, *, rngs: nnx.Rngs | None = None) -> Qwen35MoeCritic:
         """A critic whose backbone is a copy of the policy's (value head zero)."""
         abstract = nnx.eval_shape(lambda: cls(policy.config, rngs=nnx.Rngs(0)))
         graphdef, state = nnx.split(abstract)

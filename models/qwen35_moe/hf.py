@@ -20,9 +20,9 @@ import json
 import logging
 import re
 import shutil
+from collections.abc import Iterator
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -31,14 +31,22 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
+from mercury_jax.parallel.sharding import DEFAULT_RULES, variable_sharding
 from models.qwen35_moe.atomic_dir import committed_dir, replace_directory
-from models.qwen35_moe.checkpoint_errors import (CheckpointDtypeError, CheckpointError, CorruptShardError,
-                                                 DuplicateTensorError, MissingShardError, NonFiniteWeightError,
-                                                 ShardIndexError, ShardPathError, SymlinkLoopError)
+from models.qwen35_moe.checkpoint_errors import (
+    CheckpointDtypeError,
+    CheckpointError,
+    CorruptShardError,
+    DuplicateTensorError,
+    MissingShardError,
+    NonFiniteWeightError,
+    ShardIndexError,
+    ShardPathError,
+    SymlinkLoopError,
+)
 from models.qwen35_moe.checkpoint_reader import INDEX_NAME, CheckpointReader, check_file
 from models.qwen35_moe.config import Qwen35MoeConfig
-from models.qwen35_moe.hf_layout import (TensorSpec, experts_hf_tensors, gdn_fused_tensors, layer_specs,
-                                         top_specs)
+from models.qwen35_moe.hf_layout import TensorSpec, experts_hf_tensors, gdn_fused_tensors, layer_specs, top_specs
 from models.qwen35_moe.model import Qwen35MoeForCausalLM
 
 __all__ = ["CheckpointDtypeError", "CheckpointError", "CheckpointReader", "CorruptShardError",
@@ -175,7 +183,6 @@ def _build(reader: CheckpointReader, cfg: Qwen35MoeConfig, *, dtype, mesh, rules
     graphdef, cached_state = _abstract_model(cfg)
     abstract_state = copy.deepcopy(cached_state)  # its variables are filled in place below
     if mesh is not None:
-        from mercury_jax.parallel.sharding import DEFAULT_RULES, variable_sharding
         rules = rules or DEFAULT_RULES
 
     layouts: dict[int, str] = {}
@@ -245,7 +252,7 @@ def _model_layer_arrays(model: Qwen35MoeForCausalLM) -> Iterator[tuple[int, dict
             layer_state = nnx.to_pure_dict(block_state["layers"][j])
             host = jax.tree.map(lambda a: np.asarray(jax.device_get(a)), layer_state)
             for b in range(n_blocks):
-                yield b * len(pattern) + j, jax.tree.map(lambda a: a[b], host)
+                yield b * len(pattern) + j, jax.tree.map(lambda a, b=b: a[b], host)
     for k, layer in enumerate(model.model.tail):
         yield n_blocks * len(pattern) + k, jax.tree.map(lambda a: np.asarray(jax.device_get(a)),
                                                         nnx.to_pure_dict(nnx.state(layer)))

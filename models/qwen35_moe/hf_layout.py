@@ -12,7 +12,7 @@ tensors it comes from, `read` (HF tensors -> ours, through a reader that can fet
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -6,7 +6,7 @@ names to mesh axes, so sharding is configuration, not model code.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
