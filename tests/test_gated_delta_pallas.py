@@ -88,14 +88,19 @@ def test_bf16_inputs():
         np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=1e-2, atol=1e-2, err_msg=name)
 
 
-def test_model_head_dims_forward():
-    """K = V = 128, C = 64 (every preset's head dims and chunk), T = 70: forward and final state only, to stay fast."""
+def test_model_head_dims():
+    """K = V = 128 and C = 64 (every preset's head dims, the model's chunk), T = 70 with a document starting at 40:
+    outputs, final state and all gradients (~20 s in interpret mode)."""
     x = make_inputs(4, batch=1, time=70, heads=1, key_dim=128, value_dim=128)
-    run = jax.jit(lambda *a: pallas_gated_delta_rule(*a[:5], initial_state_BxHxKxV=a[5], chunk_size=64))
-    out, final = run(*(x[n] for n in NAMES))
-    want_out, want_final = naive_gated_delta(*(x[n] for n in NAMES[:5]), x["initial_state"])
+    segment_ids = segments([[40, 30]], [[0, 1]])
+    pallas = lambda *a, **kw: pallas_gated_delta_rule(*a, **kw, chunk_size=64)  # noqa: E731
+    out, final, grads = _outputs_and_grads(pallas, x, segment_ids, True)
+    _, _, want_grads = _outputs_and_grads(recurrent_gated_delta_rule, x, segment_ids, True)
+    want_out, want_final = naive_gated_delta(*(x[n] for n in NAMES[:5]), x["initial_state"], segment_ids)
     np.testing.assert_allclose(out, want_out, **F32_TOLERANCE)
     np.testing.assert_allclose(final, want_final, **F32_TOLERANCE)
+    for name, got, want in zip(NAMES, grads, want_grads):
+        np.testing.assert_allclose(got, want, **F32_TOLERANCE, err_msg=f"d loss / d {name}")
 
 
 def test_registered_in_the_interface():
