@@ -14,7 +14,8 @@ from mercury_jax.chat.observation import observation_ids
 TOOLS = [{"type": "function", "function": {
     "name": f"tool_{i}", "description": f"Tool number {i}: does one thing to the records of service {i}.",
     "parameters": {"type": "object", "properties": {
-        "record_id": {"type": "integer"}, "query": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}},
+        "record_id": {"type": "integer"}, "query": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "string"}},
         "urgent": {"type": "boolean"}, "note": {"anyOf": [{"type": "string"}, {"type": "null"}]}},
         "required": ["record_id"]}}} for i in range(16)]
 
@@ -58,14 +59,15 @@ def main() -> None:
         chat = _chat(turns)
         text = render(chat, TOOLS)
         rows.append([f"render, built-in ({turns} tool turns, 16 tools)", len(text),
-                     _rate(lambda: render(chat, TOOLS), min_seconds=args.seconds)])
+                     _rate(lambda chat=chat: render(chat, TOOLS), min_seconds=args.seconds)])
         rows.append([f"render, jinja template ({turns} tool turns, 16 tools)", len(text),
-                     _rate(lambda: render(chat, TOOLS, chat_template=BUILTIN_CHAT_TEMPLATE),
+                     _rate(lambda chat=chat: render(chat, TOOLS, chat_template=BUILTIN_CHAT_TEMPLATE),
                            min_seconds=args.seconds)])
     for n_calls in (1, 4):
         completion = render_completion(_turn(0, n_calls))
         rows.append([f"parse_assistant ({n_calls} call{'s' if n_calls > 1 else ''}, schema conversion)",
-                     len(completion), _rate(lambda: parse_assistant(completion, TOOLS), min_seconds=args.seconds)])
+                     len(completion), _rate(lambda completion=completion: parse_assistant(completion, TOOLS),
+                                            min_seconds=args.seconds)])
     malformed = render_completion(_turn(0, 4)).replace("</parameter>", "").replace("1001", "one")
     rows.append(["parse_assistant (4 calls, malformed)", len(malformed),
                  _rate(lambda: parse_assistant(malformed, TOOLS), min_seconds=args.seconds)])

@@ -45,7 +45,7 @@ CONFIG = dict(vocab_size=4096, num_hidden_layers=4, hidden_size=256, num_attenti
 
 def hf_reference_model(cfg: C.Qwen35MoeConfig, seed: int = 0):
     """A random HF Qwen3_5MoeForCausalLM (fp32, eval), as `tests/hf_reference.py` builds it."""
-    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig  # noqa: PLC0415  (test-only dependency)
 
     fields = {k: v for k, v in cfg.to_hf_text().items() if k not in ("architectures", "model_type")}
     torch.manual_seed(seed)
@@ -187,7 +187,8 @@ def main():
     )
     print(f"\n## {title}\n\n{body}")
     if not args.no_write:
-        write_section("model", title, body, " ".join(["python -m mercury_jax.bench.model", *map(shlex.quote, sys.argv[1:])]))
+        command = " ".join(["python -m mercury_jax.bench.model", *map(shlex.quote, sys.argv[1:])])
+        write_section("model", title, body, command)
 
 
 if __name__ == "__main__":

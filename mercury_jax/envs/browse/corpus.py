@@ -2,9 +2,12 @@
 questions with gold answers and evidence-page sets.
 
 Facts (one sentence each, on the page of the entity they start from):
-    person  --founded-->  company     "{p} founded {c}."            person  --born_in--> city  "{p} was born in {x}."
-    company --hq------->  city        "{c} is headquartered in {x}." company --ceo-----> person "{c}'s chief executive is {p}."
-    city    --mayor---->  person      "The mayor of {x} is {p}."    city    --country--> country "{x} lies in {k}."
+    person  --founded-->  company  "{p} founded {c}."
+    person  --born_in-->  city     "{p} was born in {x}."
+    company --hq------->  city     "{c} is headquartered in {x}."
+    company --ceo------>  person   "{c}'s chief executive is {p}."
+    city    --mayor---->  person   "The mayor of {x} is {p}."
+    city    --country-->  country  "{x} lies in {k}."
 A question walks `hops` (1-4) relations from a start entity and nests their phrases ("Name the mayor of the city
 where the company founded by Ada Brandt is headquartered."); the gold answer is the last entity's name, the
 `answer_fact` is the sentence that states it, and the evidence set is the pages of the entities the walk leaves

@@ -9,8 +9,18 @@ from __future__ import annotations
 import datetime as dt
 import random
 
-from mercury_jax.envs.enterprise.drafts import (Draft, View, absent, contains, created, equals, mentions, next_id,
-                                                step, unchanged)
+from mercury_jax.envs.enterprise.drafts import (
+    Draft,
+    View,
+    absent,
+    contains,
+    created,
+    equals,
+    mentions,
+    next_id,
+    step,
+    unchanged,
+)
 from mercury_jax.envs.enterprise.world import TOPICS
 
 PARAPHRASE = dict(TOPICS)

@@ -9,8 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import random
 
-from mercury_jax.envs.enterprise.drafts import (Draft, View, absent, contains, created, equals, mentions, step,
-                                                unchanged)
+from mercury_jax.envs.enterprise.drafts import Draft, View, absent, contains, created, equals, mentions, step, unchanged
 
 
 def _pending_leave(v: View, rng: random.Random):
@@ -126,7 +125,8 @@ def share_renewal_plan(v: View, rng: random.Random) -> Draft | None:
         [unchanged("documents", d["id"], f"document {d['id']} is left alone") for d in v.db["documents"].values()
          if d["title"].endswith("renewal plan") and d["id"] != doc["id"]][:3],
         [["documents", doc["id"]], ["accounts", account["id"]], ["people", head["id"]]],
-        f"Shared {doc['id']} with {head['name']} and emailed them.", [mentions(doc["id"], "the reply names the document")])
+        f"Shared {doc['id']} with {head['name']} and emailed them.",
+        [mentions(doc["id"], "the reply names the document")])
 
 
 def delete_phishing(v: View, rng: random.Random) -> Draft | None:
@@ -144,7 +144,8 @@ def delete_phishing(v: View, rng: random.Random) -> Draft | None:
         [absent("emails", email["id"], f"phishing email {email['id']} is deleted"),
          created("chat_messages", f"#security is warned about {email['from']}", where={"channel_id": channel["id"]},
                  texts={"text": [email["from"]]})],
-        [unchanged("emails", e["id"], f"email {e['id']} is left alone") for e in rng.sample(bystanders, min(2, len(bystanders)))],
+        [unchanged("emails", e["id"], f"email {e['id']} is left alone")
+         for e in rng.sample(bystanders, min(2, len(bystanders)))],
         [["emails", email["id"]]],
         f"Deleted {email['id']} from {email['from']} and warned #security.",
         [mentions(email["from"], "the reply names the sender")])

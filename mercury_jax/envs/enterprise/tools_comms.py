@@ -6,8 +6,7 @@ cancel_event.  Writes validate their arguments and raise `ToolError` with the fi
 """
 from __future__ import annotations
 
-from mercury_jax.envs.enterprise.toolkit import (ToolError, check_datetime, dumps, get_record, matches,
-                                                 person_by_email)
+from mercury_jax.envs.enterprise.toolkit import ToolError, check_datetime, dumps, get_record, matches, person_by_email
 
 
 def email_tools(db: dict) -> dict:

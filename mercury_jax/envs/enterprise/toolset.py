@@ -6,8 +6,10 @@
 | chat      | list_channels search_chat_messages post_chat_message delete_chat_message |
 | calendar  | search_events get_event create_event update_event cancel_event |
 | drive     | search_documents get_document create_document update_document share_document delete_document |
-| hr        | search_people get_person list_direct_reports update_person list_leave_requests approve_leave reject_leave |
-| crm       | search_accounts get_account update_account search_contacts create_contact delete_contact list_deals update_deal |
+| hr        | search_people get_person list_direct_reports update_person list_leave_requests approve_leave     |
+|           | reject_leave |
+| crm       | search_accounts get_account update_account search_contacts create_contact delete_contact list_deals |
+|           | update_deal |
 | ticketing | search_tickets get_ticket create_ticket update_ticket reassign_ticket add_ticket_comment delete_ticket |
 """
 from __future__ import annotations

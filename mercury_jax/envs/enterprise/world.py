@@ -252,7 +252,7 @@ class _Builder:
                 "account_id": account["id"]}
 
     def _documents(self) -> None:
-        rng, db = self.rng, self.db
+        db = self.db
         for account in db["accounts"].values():
             did = self.new_id("DOC")
             db["documents"][did] = {
