@@ -156,3 +156,17 @@ def test_mosaic_chunk_size_must_be_a_multiple_of_8():
     x = make_inputs(6, batch=1, time=24, heads=1, key_dim=8, value_dim=8)
     with pytest.raises(ValueError, match="chunk_size 12 is not a multiple of 8.*use chunk_size 64"):
         pallas_gated_delta_rule(*(x[n] for n in NAMES[:5]), chunk_size=12, interpret=False)
+
+
+def test_mosaic_compiles_for_v5p_when_libtpu_is_installed():
+    """Forward and forward+backward lower through Mosaic and compile for v5p ahead of time (small shapes, K = V = 128,
+    bf16, segments). Skipped without libtpu; run with PYTHONPATH=/work/libtpu_pkgs (see bench/gated_delta_aot.py)."""
+    import importlib.util
+    if importlib.util.find_spec("libtpu") is None:
+        pytest.skip("libtpu is not installed (pip install --target DIR 'libtpu==0.0.42.*'; PYTHONPATH=DIR)")
+    from mercury_jax.bench.gated_delta_aot import compile_kernels
+
+    results, _ = compile_kernels("v5p:2x2x2", batch=8, seq=200, heads=2, key_dim=128, value_dim=128, chunk=64,
+                                 dtype=jnp.bfloat16, with_segments=True)
+    for name, (compiled, _) in results.items():
+        assert "tpu_custom_call" in compiled.as_text(), name
