@@ -122,6 +122,11 @@ def test_sao_steps_on_device_groups_finite_losses_and_publishes_weights(full_run
             assert math.isfinite(record[key]), (record["step"], key)
         assert record["staleness_max"] == 0  # sync rollouts: every batch sampled by the latest weights
     assert history[0]["value_loss"] > 0 and history[0]["critic_grad_norm"] > 0  # synthetic reward: real signal
+    # step 1 scores with the critic's zero value head: V = 0, so the residual G - V is G itself (explained variance
+    # 1 - Var(G) / Var(G) = 0) and the mean value is 0
+    assert history[0]["value_mean"] == 0.0
+    assert history[0]["explained_variance"] == pytest.approx(0.0, abs=1e-6)  # two fp32 reductions of one array
+    assert 0 < history[0]["lambda_mean"] < 1
     actor_records = history[CRITIC_ONLY:]
     for record in actor_records:
         for key in ("policy_loss", "grad_norm", "dis_masked_fraction", "logp_train_rollout_gap"):
@@ -130,6 +135,11 @@ def test_sao_steps_on_device_groups_finite_losses_and_publishes_weights(full_run
         # the sampler's log-probs are the actor's own (fp32 both sides; sampler decode vs chunked training
         # forward differ by ~1e-7): a rollout engine with stale weights would be off by the last update
         assert record["logp_train_rollout_gap"] < 1e-4
+        # hence every ratio is 1 (to 1e-4), inside the DIS band: nothing is masked, and the token-mean DIS loss
+        # -mean(r A) is -mean(A), the logged advantage mean (|A| <= 1 here: rewards in [0, 1], values near 0)
+        assert record["dis_masked_fraction"] == 0.0
+        assert record["mean_ratio"] == pytest.approx(1.0, abs=1e-4)
+        assert record["policy_loss"] == pytest.approx(-record["advantage_mean"], abs=1e-4)
     assert "policy_loss" not in history[0]
     assert [r["policy_version"] for r in history] == [max(0, s - CRITIC_ONLY) for s in range(1, TOTAL_STEPS + 1)]
 
