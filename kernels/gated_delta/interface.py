@@ -30,6 +30,7 @@ def _pallas(q, k, v, g, beta, initial_state, segment_ids, chunk_size):
 
 _IMPLEMENTATIONS = {"chunked": _chunked, "pallas": _pallas, "recurrent": _recurrent}
 _CHUNKED_IMPLS = ("chunked", "pallas")
+IMPLS = ("auto", *sorted(_IMPLEMENTATIONS))  # every value `impl` accepts (the config validator lists these)
 
 
 def resolve_impl(impl):

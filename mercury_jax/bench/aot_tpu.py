@@ -87,8 +87,9 @@ def main():
                    f"--mesh {args.mesh} --batch {args.batch} --seq {args.seq} --remat {args.remat} --write")
         body = ("Forward + backward of the policy log-likelihood (fp32 master weights, bf16 compute, chunked "
                 "log-probs) compiled ahead of time for a TPU topology on a CPU host with libtpu; memory from "
-                "`compiled.memory_analysis()` per chip. Pure-JAX chunked GDN (no Pallas kernel yet), experts "
-                "sharded by the logical rules (no explicit all-to-all dispatch yet).\n\n" + table)
+                "`compiled.memory_analysis()` per chip. Pure-JAX chunked GDN (the Pallas kernel is compiled on its "
+                "own by bench/gated_delta_aot.py), experts sharded by the logical rules (no explicit all-to-all "
+                "dispatch yet).\n\n" + table)
         write_section("aot_tpu", "TPU ahead-of-time compile: memory per chip", body, command)
 
 

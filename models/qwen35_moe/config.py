@@ -14,10 +14,12 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from kernels.gated_delta.interface import IMPLS as GATED_DELTA_IMPLS
+
 LINEAR_ATTENTION = "linear_attention"
 FULL_ATTENTION = "full_attention"
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
-GDN_IMPLS = ("chunked", "recurrent", "pallas")
+GDN_IMPLS = GATED_DELTA_IMPLS  # the kernel registry: "auto", "chunked", "pallas", "recurrent"
 MOE_IMPLS = ("ragged", "dense")
 _HF_IGNORED_KEYS = {"attn_output_gate", "mamba_ssm_dtype", "output_gate_type", "use_cache", "dtype", "torch_dtype",
                     "transformers_version", "architectures", "model_type", "layer_types", "rope_parameters",
@@ -70,6 +72,7 @@ class Qwen35MoeConfig:
     param_dtype: str = "float32"
     remat_policy: str = "none"
     scan_layers: bool = True
+    # "chunked" until the model wraps the Pallas call in shard_map for meshes; "auto" picks Pallas on TPU
     gdn_impl: str = "chunked"
     gdn_chunk_size: int = 64
     moe_impl: str = "ragged"  # "ragged": sort + ragged_dot (dropless, E-independent cost); "dense": all experts
