@@ -55,7 +55,7 @@ def make_update_step(graphdef, tx: optax.GradientTransformation, loss_fn: Callab
             return loss_fn(nnx.merge(graphdef, p, frozen), batch)
 
         (loss, metrics), grads = jax.value_and_grad(wrapped, has_aux=True)(params)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         updates, new_opt_state = tx.update(grads, opt_state, params)
         # a non-finite loss or gradient changes nothing (guards.py); the host reads the same test from the metrics
         params, opt_state = keep_if_finite(finite_flag(loss, grad_norm),
