@@ -1,6 +1,6 @@
 """Pivot GRPO: turn-level GRPO on stop-decision states of a browsing agent, K continuations per state, the
 deterministic stop-verifier as reward, clipped surrogate + k3 KL to the frozen starting policy, a checkpoint every
-step for the checkpoint sweep (ALGORITHMS.md, pipeline 2).
+step for the checkpoint sweep (docs/ALGORITHMS.md, pipeline 2).
 
 The default is the released run: the SFT policy from an HF checkpoint, a pivot dataset built from that policy's
 own browsing trajectories (`grpo.pivots_path`; built there first if missing), 16 states x 8 continuations, 32 steps,

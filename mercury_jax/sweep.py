@@ -1,5 +1,5 @@
 """Checkpoint sweep of a pivot-GRPO run: evaluate every saved checkpoint on the held-out browsing tasks and name
-the checkpoint the released rule selects (ALGORITHMS.md, pipeline 2, "Checkpoint selection").
+the checkpoint the released rule selects (docs/ALGORITHMS.md, pipeline 2, "Checkpoint selection").
 
     python -m mercury_jax.sweep --workdir runs/grpo [--steps 0,20,40] [--num-tasks 256] [--seed S] \
         [--alpha 0.05] [--confidence 0.95] [--out DIR] [--recompute]

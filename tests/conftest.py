@@ -19,7 +19,8 @@ def pytest_report_header(config):
 
 @pytest.fixture(scope="module")
 def persistent_compilation_cache(tmp_path_factory):
-    """A resumed run compiles the same programs as the uninterrupted one: with a persistent cache, each compiles once."""
+    """A resumed run compiles the same programs as the uninterrupted one: with a persistent cache, each compiles
+    once."""
     from jax.experimental.compilation_cache import compilation_cache
 
     keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",

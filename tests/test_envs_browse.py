@@ -8,11 +8,10 @@ import pytest
 
 from mercury_jax.chat import render, train_sentencepiece_tokenizer
 from mercury_jax.envs.browse.corpus import SHORT_NAMES, CorpusConfig, generate_corpus, generate_questions
-from mercury_jax.envs.browse.oracle import oracle_trajectory
+from mercury_jax.envs.browse.oracle import OracleConfig, oracle_trajectory
 from mercury_jax.envs.browse.pivots import extract_pivots, write_pivots
 from mercury_jax.envs.browse.stop_verifier import STOP_RULES, verify_stop
 from mercury_jax.envs.browse.sufficiency import answer_shown, evidence_sufficient, opened_pages
-from mercury_jax.envs.browse.oracle import OracleConfig
 from mercury_jax.envs.browse.tasks import corpus_of, extract_answer, generate_browse_tasks
 from mercury_jax.envs.browse.tools import BrowseIndex, browse_tools
 from mercury_jax.envs.enterprise.toolkit import call_sync
@@ -45,7 +44,8 @@ def test_questions_need_their_evidence(tasks):
         for page_id, entity in zip(task["evidence"], task["chain"][::2]):
             assert pages[page_id]["title"] == entity
     assert generate_corpus(3) == generate_corpus(3) and generate_corpus(3) != generate_corpus(4)
-    assert json.dumps(generate_questions(generate_corpus(3), 5)) == json.dumps(generate_questions(generate_corpus(3), 5))
+    questions = json.dumps(generate_questions(generate_corpus(3), 5))
+    assert questions == json.dumps(generate_questions(generate_corpus(3), 5))
 
 
 def test_tools_are_deterministic_and_explain_errors(tasks, indexes):
@@ -124,7 +124,8 @@ def test_stop_verifier_rules(pivot_pair):
     task, insufficient, sufficient = pivot_pair
     answer, start = task["answer"], task["chain"][0]
     cases = [
-        (sufficient, f"<think>\nI have it.\n</think>\n\nFinal answer: {answer}", "correct_stop"),   # stop when sufficient
+        # stop when sufficient
+        (sufficient, f"<think>\nI have it.\n</think>\n\nFinal answer: {answer}", "correct_stop"),
         (sufficient, f"Final answer: {answer.upper()}.", "correct_stop"),                         # normalized match
         (sufficient, search_call(answer), "over_search"),
         (insufficient, f"</think>\n\nFinal answer: {answer}", "premature"),

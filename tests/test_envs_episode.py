@@ -9,9 +9,9 @@ import pytest
 
 from mercury_jax.chat import parse_assistant, render
 from mercury_jax.chat.render import render_completion
+from mercury_jax.envs.browse.tasks import generate_browse_tasks
 from mercury_jax.envs.enterprise.tasks import generate_tasks
 from mercury_jax.envs.episode import make_episode, oracle_trajectory
-from mercury_jax.envs.browse.tasks import generate_browse_tasks
 from mercury_jax.envs.judge import OpenAIJudge, RuleJudge
 
 

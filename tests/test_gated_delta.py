@@ -10,8 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels.gated_delta import (chunked_gated_delta_rule, gated_delta_rule, gated_delta_step,
-                                 recurrent_gated_delta_rule)
+from kernels.gated_delta import chunked_gated_delta_rule, gated_delta_rule, gated_delta_step, recurrent_gated_delta_rule
 
 BATCH, HEADS, KEY_DIM, VALUE_DIM = 2, 3, 8, 16
 TOLERANCE = dict(rtol=1e-5, atol=1e-5)

@@ -93,7 +93,7 @@ def test_cache_layout_and_size():
     cfg = C.qwen35_35b_a3b()
     per_sequence = cache_bytes(cfg, 1, 24576)
     gdn_state = 30 * 32 * 128 * 128 * 4  # 30 GDN layers, fp32 [Hv, Dk, Dv]
-    assert gdn_state == 30 * 2 * 2**20  # 2 MiB per sequence per layer (MODEL.md section 4)
+    assert gdn_state == 30 * 2 * 2**20  # 2 MiB per sequence per layer (docs/MODEL.md section 4)
     kv = 10 * 2 * 24576 * 2 * 256 * 4  # 10 attention layers, K and V, fp32 compute dtype
     conv = 30 * 3 * (2 * 16 * 128 + 32 * 128) * 4
     assert per_sequence == gdn_state + kv + conv + 4

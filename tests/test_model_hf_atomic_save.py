@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from flax import nnx
-
 from hf_save_worker import SAVE_KWARGS, numpy_model, parameter_shapes
+
 from models.qwen35_moe import atomic_dir, hf
 from models.qwen35_moe import config as C
 from models.qwen35_moe.hf import load_hf, save_hf

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 from flax import nnx
+from hf_reference import hf_logits, hf_model, save_checkpoint
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from hf_reference import hf_logits, hf_model, save_checkpoint
 from models.qwen35_moe import config as C
 from models.qwen35_moe.hf import CheckpointError, load_hf, save_hf
 
@@ -123,7 +123,8 @@ def test_config_that_does_not_match_the_tensors(good_checkpoint):
     config = json.loads((good_checkpoint / "config.json").read_text())
     config["num_experts"] = 16
     (good_checkpoint / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match=r"tensor model\.layers\.0\.mlp\.\S+ has shape \(8, [0-9, ]+\), expected \(16, "):
+    shape_error = r"tensor model\.layers\.0\.mlp\.\S+ has shape \(8, [0-9, ]+\), expected \(16, "
+    with pytest.raises(CheckpointError, match=shape_error):
         load_hf(good_checkpoint)
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flax import nnx
-
 from hf_reference import hf_logits, hf_model, save_checkpoint
+
 from models.qwen35_moe import config as C
 from models.qwen35_moe.hf import load_hf
 

@@ -11,13 +11,21 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from hf_reference import hf_model, save_checkpoint
 from safetensors.numpy import load_file, save_file
 
-from hf_reference import hf_model, save_checkpoint
 from models.qwen35_moe import config as C
-from models.qwen35_moe.checkpoint_errors import (CheckpointDtypeError, CheckpointError, CorruptShardError,
-                                                 DuplicateTensorError, MissingShardError, NonFiniteWeightError,
-                                                 ShardIndexError, ShardPathError, SymlinkLoopError)
+from models.qwen35_moe.checkpoint_errors import (
+    CheckpointDtypeError,
+    CheckpointError,
+    CorruptShardError,
+    DuplicateTensorError,
+    MissingShardError,
+    NonFiniteWeightError,
+    ShardIndexError,
+    ShardPathError,
+    SymlinkLoopError,
+)
 from models.qwen35_moe.hf import load_hf
 
 CFG = C.tiny(vocab_size=96, num_hidden_layers=4)

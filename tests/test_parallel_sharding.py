@@ -5,13 +5,13 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from hf_reference import hf_model, save_checkpoint
 from jax.sharding import PartitionSpec
 
-from hf_reference import save_checkpoint, hf_model
+from mercury_jax.parallel import logical_partition_spec, make_mesh, shard_params
 from models.qwen35_moe import Qwen35MoeForCausalLM
 from models.qwen35_moe import config as C
 from models.qwen35_moe.hf import load_hf
-from mercury_jax.parallel import logical_partition_spec, make_mesh, shard_params
 
 
 def test_make_mesh_shapes_and_errors():

@@ -1,9 +1,10 @@
-"""mercury_jax.rl.advantages against naive Python loops, the hand vector of ALGORITHMS.md, and a sharded batch."""
+"""mercury_jax.rl.advantages against naive Python loops, the hand vector of docs/ALGORITHMS.md, and a sharded batch."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from mercury_jax.rl import advantages as adv_lib
 

@@ -5,7 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from mercury_jax.rl import aggregation, losses
 
@@ -100,7 +101,7 @@ def test_micro_batches_with_global_denominator_equal_whole_batch(mode):
         args = (rollout_logp[rows], adv[rows], mask[rows])
         value, aux = loss_fn(logp[rows], *args, denominator=global_den)
         parts.append(value); nums.append(aux["num"]); dens.append(aux["den"])
-        grads.append(jax.grad(lambda lp: loss_fn(lp, *args, denominator=global_den)[0])(logp[rows]))
+        grads.append(jax.grad(lambda lp, args=args: loss_fn(lp, *args, denominator=global_den)[0])(logp[rows]))
     np.testing.assert_allclose(sum(parts), whole, **TOL)
     np.testing.assert_allclose(sum(nums) / sum(dens), whole, **TOL)
     np.testing.assert_allclose(sum(dens), whole_aux["den"])

@@ -10,12 +10,12 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from test_rollout_episode import ENTERPRISE, REAL_SAMPLING, chatty_model, tokenizer  # noqa: F401
 
+from mercury_jax.rollout.episode import Budgets
 from mercury_jax.rollout.worker import RolloutWorker
 from mercury_jax.train.placement import device_copy
 from mercury_jax.train.state import TrainState, make_update_step
-from mercury_jax.rollout.episode import Budgets
-from test_rollout_episode import ENTERPRISE, REAL_SAMPLING, chatty_model, tokenizer  # noqa: F401
 
 BUDGETS = Budgets(max_tool_turns=1, max_total_tokens=640, max_turn_tokens=4)  # one short turn is enough
 SHARED = [jax.devices()[0]]  # learner and worker on one device: the case where an alias is easiest to get

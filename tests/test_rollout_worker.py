@@ -7,9 +7,9 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from test_rollout_episode import BROWSE, ENTERPRISE, REAL_BUDGETS, REAL_SAMPLING, chatty_model, tokenizer  # noqa: F401
 
 from mercury_jax.rollout.worker import RolloutWorker
-from test_rollout_episode import BROWSE, ENTERPRISE, REAL_BUDGETS, REAL_SAMPLING, chatty_model, tokenizer  # noqa: F401
 
 TASKS = ENTERPRISE[:4] + BROWSE[:1]
 DEVICES = jax.devices()[4:6]  # every worker here on the same sub-mesh: one set of compilations

@@ -11,10 +11,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mercury_jax.evaluation import (EpisodeOutcomes, checkpoint_record, discordant_counts, format_table,
-                                    mcnemar_exact, mean_interval, paired_difference, plot_frontier, select_checkpoint,
-                                    sign_test, wilson_interval)
-from mercury_jax.sweep import SweepError, main as sweep_main, run_sweep, sweep_steps
+from mercury_jax.evaluation import (
+    EpisodeOutcomes,
+    checkpoint_record,
+    discordant_counts,
+    format_table,
+    mcnemar_exact,
+    mean_interval,
+    paired_difference,
+    plot_frontier,
+    select_checkpoint,
+    sign_test,
+    wilson_interval,
+)
+from mercury_jax.sweep import SweepError, run_sweep, sweep_steps
+from mercury_jax.sweep import main as sweep_main
 
 ALPHA = 0.05
 

@@ -24,8 +24,8 @@ import torch
 from flax import nnx
 
 from experiments.sao import get_config
-from mercury_jax.export import (ExportError, export_run, load_run_config, main as export_main, read_checkpoint_arrays,
-                                save_run_config)
+from mercury_jax.export import ExportError, export_run, load_run_config, read_checkpoint_arrays, save_run_config
+from mercury_jax.export import main as export_main
 from mercury_jax.rollout.engine import Engine
 from mercury_jax.rollout.episode import EpisodeRunner
 from mercury_jax.train import sao as sao_module

@@ -1,6 +1,6 @@
 """Observation tokens: what the chat format inserts after an assistant turn that called tools.
 
-Token-in, token-out (ENVIRONMENTS.md section 4): the sampled ids stay as they were; only the new text is
+Token-in, token-out (docs/ENVIRONMENTS.md section 4): the sampled ids stay as they were; only the new text is
 tokenised and appended. The observation closes the assistant turn when the sample did not (`<|im_end|>` is
 the normal stop; after `<|endoftext|>`, a stop string or a cut-off, `<|im_end|>` is appended first), then
 adds the user turn of `<tool_response>` blocks and the next generation prompt:

@@ -1,4 +1,4 @@
-"""Parse a generated Qwen3.5 assistant turn into reasoning, content and tool calls (MODEL.md section 6).
+"""Parse a generated Qwen3.5 assistant turn into reasoning, content and tool calls (docs/MODEL.md section 6).
 
 One semantics, used by rollouts and evaluation alike:
 

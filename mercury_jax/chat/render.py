@@ -1,4 +1,4 @@
-"""Render a chat in the Qwen3.5 format (MODEL.md section 6): ChatML turns, a tools block, XML tool calls.
+"""Render a chat in the Qwen3.5 format (docs/MODEL.md section 6): ChatML turns, a tools block, XML tool calls.
 
 Rules (the official Qwen3.5 template's structure, which `template.BUILTIN_CHAT_TEMPLATE` restates in jinja):
 - every content is trimmed; a content may be a string, None or a list of `{"type": "text", "text": ...}` parts;

@@ -1,6 +1,6 @@
 """Environments: tools served over MCP (in process, or external servers), worlds and rewards.
 
-Interfaces the rollout engine relies on (ENVIRONMENTS.md; details in each module's docstring):
+Interfaces the rollout engine relies on (docs/ENVIRONMENTS.md; details in each module's docstring):
 
 - **Task**: a JSON dict with at least `task_id`, `world` ("enterprise" | "browse"), `seed`, `system_prompt`,
   `user_prompt` (the persona's indirect request, or the question) and `tool_names`. Enterprise tasks add
@@ -9,8 +9,10 @@ Interfaces the rollout engine relies on (ENVIRONMENTS.md; details in each module
   `enterprise.tasks.generate_tasks(seed, count)`, `browse.tasks.generate_browse_tasks(seed, count)`,
   `presets.preset_tasks(world, "full" | "tiny", seed, count)`, or read from a corpus written by
   `python -m mercury_jax.envs.generate` (`generate.read_tasks(DIR)`).
-- **Episode**: `make_episode(task, judge=None) -> Episode`, an async context manager holding a fresh state on a
-  fresh in-process MCP server:
+- **Episode**: `make_episode(task, *, judge=None, call_timeout_s=30, connect_timeout_s=30,
+  max_result_chars=DEFAULT_MAX_RESULT_CHARS) -> Episode`, an async context manager holding a fresh state on a
+  fresh in-process MCP server (a server that does not open or list its tools in time raises `MCPConnectTimeout`;
+  one that fails raises `MCPConnectError`; results past `max_result_chars` are cut with a note):
 
       async with make_episode(task) as ep:
           tools = await ep.tools()                  # OpenAI-style schemas, for render(messages, tools)
@@ -32,9 +34,19 @@ Interfaces the rollout engine relies on (ENVIRONMENTS.md; details in each module
 from mercury_jax.envs.behaviour import BehaviourConfig, behaviour_multiplier
 from mercury_jax.envs.episode import Episode, grade_browse, make_episode, oracle_trajectory
 from mercury_jax.envs.judge import OpenAIJudge, RuleJudge
-from mercury_jax.envs.mcp_adapter import MCPToolbox, ToolObservation, build_server, openai_schema, result_text
+from mercury_jax.envs.mcp_adapter import (
+                                          DEFAULT_MAX_RESULT_CHARS,
+                                          MCPConnectError,
+                                          MCPConnectTimeout,
+                                          MCPToolbox,
+                                          ToolObservation,
+                                          build_server,
+                                          openai_schema,
+                                          result_text,
+)
 from mercury_jax.envs.mcp_external import connect_external, external_server
 
-__all__ = ["BehaviourConfig", "Episode", "MCPToolbox", "OpenAIJudge", "RuleJudge", "ToolObservation",
-           "behaviour_multiplier", "build_server", "connect_external", "external_server", "grade_browse",
-           "make_episode", "openai_schema", "oracle_trajectory", "result_text"]
+__all__ = ["DEFAULT_MAX_RESULT_CHARS", "BehaviourConfig", "Episode", "MCPConnectError", "MCPConnectTimeout",
+           "MCPToolbox", "OpenAIJudge", "RuleJudge", "ToolObservation", "behaviour_multiplier", "build_server",
+           "connect_external", "external_server", "grade_browse", "make_episode", "openai_schema", "oracle_trajectory",
+           "result_text"]

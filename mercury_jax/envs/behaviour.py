@@ -1,4 +1,4 @@
-"""Behaviour multiplier (ENVIRONMENTS.md section 2): scales a positive reward down, never up.
+"""Behaviour multiplier (docs/ENVIRONMENTS.md section 2): scales a positive reward down, never up.
 
     reward = effects_fraction * multiplier,
     multiplier = repetition * post_answer_runaway * degenerate_truncation * turn_budget * collateral_damage
@@ -20,16 +20,16 @@ Each factor lies in [0, 1], is reported separately in `parts`, and has its own s
   `factor = 1 - truncation_strength`, or `1 - truncation_in_think_strength` when the last turn never closed
   `<think>` (such a turn has no action at all).
 - **turn_budget**: `finish_reason` is "turn_budget" (the tool-turn budget ran out before a final answer):
-  `factor = 1 - turn_budget_strength`. Beyond ENVIRONMENTS.md's list: without it, calls after the task is done
+  `factor = 1 - turn_budget_strength`. Beyond docs/ENVIRONMENTS.md's list: without it, calls after the task is done
   are free under a state-only grade, and the tiny SAO demo learned to call tools until the budget cut it off.
 - **collateral_damage**: the grade's `forbidden_violations` (records the task said to leave alone that changed):
   `factor = max(0, 1 - collateral_strength * violations)`; the default strength 1 voids the reward of an episode
-  that did collateral damage. Beyond ENVIRONMENTS.md's list, which counts forbidden effects only in
+  that did collateral damage. Beyond docs/ENVIRONMENTS.md's list, which counts forbidden effects only in
   `all_effects_pass`: with `effects_fraction` alone, the tiny SAO policy learned to hedge a "which deal?" task by
   updating both candidate deals, and was paid in full for it.
 - **malformed_calls**: the trajectory's format errors (malformed or unknown tool calls, ids outside the
   vocabulary, turns cut off without a stop token): `factor = max(0, 1 - malformed_strength * errors)`. Off by
-  default (ENVIRONMENTS.md counts format errors in the metrics only); `experiments/sao.py:tiny` turns it on: a
+  default (docs/ENVIRONMENTS.md counts format errors in the metrics only); `experiments/sao.py:tiny` turns it on: a
   malformed call followed by a correct one was paid like a clean episode, and after ~50 SAO steps the tiny
   policy's format errors per episode doubled.
 """

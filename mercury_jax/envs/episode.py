@@ -21,14 +21,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from mercury_jax.envs.browse.oracle import OracleConfig
+from mercury_jax.envs.browse.oracle import oracle_trajectory as browse_oracle
+from mercury_jax.envs.browse.sufficiency import answer_shown, evidence_sufficient
+from mercury_jax.envs.browse.tasks import corpus_of, extract_answer, normalize_answer
+from mercury_jax.envs.browse.tools import BrowseIndex, browse_tools
+from mercury_jax.envs.enterprise.effects import grade_state
+from mercury_jax.envs.enterprise.oracle import oracle_trajectory as enterprise_oracle
+from mercury_jax.envs.enterprise.tasks import initial_state
 from mercury_jax.envs.enterprise.toolkit import blocking
+from mercury_jax.envs.enterprise.toolset import make_tools
 from mercury_jax.envs.mcp_adapter import DEFAULT_MAX_RESULT_CHARS, MCPToolbox, ToolObservation, build_server
 from mercury_jax.envs.tool_threads import run_blocking
 
 
 class Episode:
     """Base: owns the MCP toolbox; subclasses build the state and tools and grade."""
-
     def __init__(self, task: Mapping, *, call_timeout_s: float = 30.0, connect_timeout_s: float = 30.0,
                  max_result_chars: int | None = DEFAULT_MAX_RESULT_CHARS):
         self.task = dict(task)
@@ -82,15 +90,10 @@ class EnterpriseEpisode(Episode):
         self.judge = judge
 
     def _tools(self) -> dict:
-        from mercury_jax.envs.enterprise.tasks import initial_state
-        from mercury_jax.envs.enterprise.toolset import make_tools
-
         self.initial, self.state = initial_state(self.task), initial_state(self.task)
         return {name: blocking(tool) for name, tool in make_tools(self.state, self.task["tool_names"]).items()}
 
     def grade(self, final_answer_text: str, transcript: Sequence[Mapping] | None = None) -> dict:
-        from mercury_jax.envs.enterprise.effects import grade_state
-
         extra = self.judge.score(self.task["rubric"], final_answer_text, transcript) if self.judge else ()
         return grade_state(self.task["required_effects"], self.task["forbidden_effects"], self.initial, self.state,
                            extra)
@@ -98,9 +101,6 @@ class EnterpriseEpisode(Episode):
 
 class BrowseEpisode(Episode):
     def _tools(self) -> dict:
-        from mercury_jax.envs.browse.tasks import corpus_of
-        from mercury_jax.envs.browse.tools import BrowseIndex, browse_tools
-
         tools = browse_tools(BrowseIndex(corpus_of(self.task)))
         return {name: blocking(tools[name]) for name in self.task["tool_names"]}
 
@@ -110,15 +110,13 @@ class BrowseEpisode(Episode):
 
 def grade_browse(task: Mapping, final_answer_text: str, transcript: Sequence[Mapping]) -> dict:
     """Accuracy, grounding and over-search of a finished browsing trajectory (`transcript`: chat messages)."""
-    from mercury_jax.envs.browse.sufficiency import answer_shown, evidence_sufficient
-    from mercury_jax.envs.browse.tasks import extract_answer, normalize_answer
-
     answer = extract_answer(final_answer_text or "")
     correct = answer is not None and normalize_answer(answer) == normalize_answer(task["answer"])
     grounded = answer is not None and answer_shown(answer, transcript)
     calls = [k for k, m in enumerate(transcript) if m.get("role") == "assistant" and m.get("tool_calls")]
     first_sufficient = next((k for k in range(len(transcript) + 1) if evidence_sufficient(task, transcript[:k])), None)
-    over = sum(len(transcript[k]["tool_calls"]) for k in calls if first_sufficient is not None and k >= first_sufficient)
+    over = sum(len(transcript[k]["tool_calls"]) for k in calls
+               if first_sufficient is not None and k >= first_sufficient)
     details = [{"type": "required", "description": f"the final answer is {task['answer']!r}", "ok": correct},
                {"type": "required", "description": "the answer occurs in page text seen", "ok": grounded}]
     return {"effects_fraction": float(correct), "all_effects_pass": correct and grounded, "accuracy": float(correct),
@@ -142,9 +140,7 @@ def oracle_trajectory(task: Mapping, **options) -> list[dict]:
     """The scripted solver's chat messages for `task` (either world); for browsing, the task's `oracle_config`
     and then `options` set the oracle's `OracleConfig` (e.g. `over_search_prob=0.5`)."""
     if task["world"] == "enterprise":
-        from mercury_jax.envs.enterprise.oracle import oracle_trajectory as enterprise_oracle
 
         return enterprise_oracle(dict(task))
-    from mercury_jax.envs.browse.oracle import OracleConfig, oracle_trajectory as browse_oracle
 
     return browse_oracle(dict(task), OracleConfig(**{**task.get("oracle_config", {}), **options}))

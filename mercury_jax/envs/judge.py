@@ -1,5 +1,5 @@
 """Rubric judges: score rubric items over a finished trajectory; their verdicts join the state checks as extra
-effects (ENVIRONMENTS.md section 1).
+effects (docs/ENVIRONMENTS.md section 1).
 
 A rubric item is `{"kind", "description", ...}`. `RuleJudge` (the deterministic default) knows
 `mentions` (`value` occurs in the final reply, case-insensitive) and `called` (`tool` was called in the

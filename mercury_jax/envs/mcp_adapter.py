@@ -1,7 +1,7 @@
 """Tools behind MCP: mount async Python tools on an in-process MCP server (official `mcp` SDK 2.x), list them
 as OpenAI-style schemas for rendering, and turn parsed tool calls into observation text.
 
-One `MCPToolbox` per episode (ENVIRONMENTS.md section 1: never reuse a server or a state across episodes):
+One `MCPToolbox` per episode (docs/ENVIRONMENTS.md section 1: never reuse a server or a state across episodes):
 
     async with MCPToolbox(build_server([search_tickets, update_ticket])) as toolbox:
         tools = await toolbox.list_tools()            # for render(messages, tools)
@@ -36,11 +36,14 @@ import functools
 import inspect
 import json
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import jsonschema  # noqa: F401 (the SDK imports it on the first structured result: 0.2 s on the event loop)
+from mcp import Client
+from mcp.server.mcpserver import MCPServer
+from mcp.shared.exceptions import MCPError
 
 from mercury_jax.chat.parse import ToolCall
 from mercury_jax.envs.tool_threads import TOOL_THREADS, ToolThreads
@@ -79,7 +82,6 @@ def build_server(tools: Sequence[Callable[..., Any]] | Mapping[str, Callable[...
     episodes and the caller's timeout still fires. Raise `mcp.server.mcpserver.exceptions.ToolError` for errors
     the agent should read.
     """
-    from mcp.server.mcpserver import MCPServer
 
     server = MCPServer(name, instructions=instructions, warn_on_duplicate_tools=False, log_level="WARNING")
     items = tools.items() if isinstance(tools, Mapping) else ((fn.__name__, fn) for fn in tools)
@@ -131,7 +133,6 @@ class MCPToolbox:
     async def __aenter__(self) -> MCPToolbox:
         """Connect and initialize within `connect_timeout_s`. The client lives in its own task (`_hold`): its
         task groups must outlive this call, so no cancel scope of ours can wrap the connect here."""
-        import anyio
 
         ready = asyncio.get_running_loop().create_future()
         self._scope, self.dead = anyio.CancelScope(), None
@@ -162,7 +163,6 @@ class MCPToolbox:
         """OpenAI-style function schemas of the server's tools, sorted by name (stable prompt text). Raises
         `MCPConnectTimeout` when `tools/list` takes longer than `connect_timeout_s`, `MCPConnectError` when it
         fails."""
-        import anyio
 
         if self._tools is None:
             session, tools, cursor = self._session(), [], None
@@ -190,7 +190,6 @@ class MCPToolbox:
     async def call(self, call: ToolCall) -> ToolObservation:
         """Execute one parsed call (unless it has errors or the server is dead) and return its observation; never
         raises for tool failures, timeouts, protocol or transport errors."""
-        import anyio
 
         if not call.ok:
             return ToolObservation(call.name, call.error_message(), is_error=True, executed=False)
@@ -228,9 +227,6 @@ class MCPToolbox:
 
     async def _hold(self, ready: asyncio.Future) -> None:
         """The client's whole life in one task: open, hand the client over, wait to be cancelled, close."""
-        import anyio
-        from mcp import Client
-
         with self._scope:
             async with Client(self.server) as client:
                 if not ready.done():
@@ -307,8 +303,6 @@ def _leaf(error: BaseException | None) -> BaseException | None:
 def _is_transport_failure(error: BaseException) -> bool:
     """The connection is gone: closed (the SDK's `MCPError` with code CONNECTION_CLOSED), a closed or broken
     stream, an OS error."""
-    import anyio
-    from mcp.shared.exceptions import MCPError
 
     if isinstance(error, MCPError):
         return error.code == _CONNECTION_CLOSED
@@ -318,7 +312,6 @@ def _is_transport_failure(error: BaseException) -> bool:
 def _is_server_answer(error: BaseException) -> bool:
     """The server answered with a JSON-RPC error (unknown tool, bad parameters): an ordinary observation. Not the
     SDK's own read timeout (REQUEST_TIMEOUT), which means no answer came."""
-    from mcp.shared.exceptions import MCPError
 
     return isinstance(error, MCPError) and error.code not in (_CONNECTION_CLOSED, _REQUEST_TIMEOUT)
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from mcp import StdioServerParameters
+
 from mercury_jax.envs.mcp_adapter import DEFAULT_MAX_RESULT_CHARS, MCPToolbox
 
 _UNSET = object()
@@ -22,7 +24,6 @@ def external_server(config: Mapping[str, Any]) -> Any:
     """What `mcp.Client` connects to for `config`: `StdioServerParameters` or a URL string."""
     transport = config.get("transport", "stdio" if "command" in config else "streamable_http")
     if transport == "stdio":
-        from mcp import StdioServerParameters
 
         if not config.get("command"):
             raise ValueError(f"stdio MCP server config {dict(config)!r} needs a 'command'")

@@ -1,4 +1,4 @@
-"""Named sizes of both worlds. `full` is the training distribution (ENVIRONMENTS.md); `tiny` shrinks the company,
+"""Named sizes of both worlds. `full` is the training distribution (docs/ENVIRONMENTS.md); `tiny` shrinks the company,
 the corpus, the prompts and the tool subsets (two tools per task) so that a whole oracle trajectory, rendered with
 its tools, takes about 500-600 tokens of a 2,048-piece SentencePiece vocabulary trained on such trajectories
 (measured: browse mean ~495, max ~525; enterprise mean ~590, max ~770), for CPU demos and tests. The renderer's

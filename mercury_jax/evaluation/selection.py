@@ -1,4 +1,4 @@
-"""The released checkpoint-selection rule of pivot GRPO (ALGORITHMS.md, pipeline 2, "Checkpoint selection").
+"""The released checkpoint-selection rule of pivot GRPO (docs/ALGORITHMS.md, pipeline 2, "Checkpoint selection").
 
 The run is meant to go past its useful region, so the sweep keeps
 

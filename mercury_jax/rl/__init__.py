@@ -1,5 +1,5 @@
 """RL math shared by both pipelines: advantages (skip-observation GAE, group advantages), losses (DIS, PPO clip,
-value, k1/k2/k3 KL) and loss aggregation as exact (numerator, denominator) pairs. See ALGORITHMS.md."""
+value, k1/k2/k3 KL) and loss aggregation as exact (numerator, denominator) pairs. See docs/ALGORITHMS.md."""
 from mercury_jax.rl import advantages, aggregation, losses
 from mercury_jax.rl.advantages import (
                                        group_advantages,

@@ -1,4 +1,4 @@
-"""Rollout: our JAX sampler with static-shape slots and continuous batching (DESIGN.md, "Rollout").
+"""Rollout: our JAX sampler with static-shape slots and continuous batching (docs/DESIGN.md, "Rollout").
 
     generate(model, prompts, *, max_new_tokens, ...)   -> list[Sample]   one-shot API
     Engine(model, num_slots=, max_length=)             continuous batching; Request(continue_from=) for multi-turn
@@ -15,10 +15,12 @@ __all__ = ["Engine", "Request", "Sample", "Sampler", "generate"]
 #     EpisodeRunner(engine, tokenizer, budgets=Budgets()).run(tasks)  -> list[Trajectory]   multi-turn MCP episodes
 #     RolloutWorker(model, tokenizer, tasks).start(); .get(); .publish(state, version); .stats(); .stop()
 #     trajectory_from_messages(tokenizer, messages, tools)           -> Trajectory (oracle chats, SFT warm starts)
+#     trainable(trajectories) -> (kept, dropped)    drops episodes an environment failure touched (failures.py)
 from mercury_jax.rollout.episode import Budgets, EpisodeRunner, SamplingParams  # noqa: E402
+from mercury_jax.rollout.failures import EnvironmentFailure, EpisodeFailure, trainable  # noqa: E402
 from mercury_jax.rollout.messages import trajectory_from_messages  # noqa: E402
 from mercury_jax.rollout.trajectory import Trajectory, batch_trajectories  # noqa: E402
 from mercury_jax.rollout.worker import RolloutWorker  # noqa: E402
 
-__all__ += ["Budgets", "EpisodeRunner", "RolloutWorker", "SamplingParams", "Trajectory", "batch_trajectories",
-            "trajectory_from_messages"]
+__all__ += ["Budgets", "EnvironmentFailure", "EpisodeFailure", "EpisodeRunner", "RolloutWorker", "SamplingParams",
+            "Trajectory", "batch_trajectories", "trainable", "trajectory_from_messages"]

@@ -1,6 +1,6 @@
 """The episode runner: many multi-turn tool episodes at once on one continuous-batching `Engine`.
 
-One episode (ENVIRONMENTS.md section 4; ALGORITHMS.md "Shared definitions"):
+One episode (docs/ENVIRONMENTS.md section 4; docs/ALGORITHMS.md "Shared definitions"):
 
     prompt = encode(render([system, user], tools, add_generation_prompt=True))
     loop:  sample a turn (stops: <|im_end|>, <|endoftext|>)  ->  parse_assistant(text, tools)
@@ -50,7 +50,7 @@ from typing import Any
 from mercury_jax.chat import observation_ids, parse_assistant, render
 from mercury_jax.chat.tokenizer import Tokenizer
 from mercury_jax.envs import BehaviourConfig, behaviour_multiplier, make_episode
-from mercury_jax.envs.behaviour import ANSWER_PATTERN
+from mercury_jax.envs.behaviour import states_answer
 from mercury_jax.envs.tool_threads import run_blocking
 from mercury_jax.rollout.engine import Request, Sample
 from mercury_jax.rollout.failures import EnvironmentFailure, EpisodeFailure, failure_placeholder
@@ -267,7 +267,7 @@ class EpisodeRunner:
                                         format_errors=format_errors, assistant_texts=texts,
                                         finish_reason=finish, timings=timings) from error
             timings["grade_s"] = time.perf_counter() - t0
-        answered_turn = next((i for i, t in enumerate(texts) if ANSWER_PATTERN.search(t.split("</think>", 1)[-1])),
+        answered_turn = next((i for i, t in enumerate(texts) if states_answer(t)),
                              len(texts) - 1 if finish == "answered" else None)
         truncated = finish in ("token_budget", "degenerate")
         multiplier, parts = behaviour_multiplier(texts, finish_reason=TRUNCATION if truncated else finish,

@@ -1,6 +1,6 @@
 """A chat (e.g. an oracle's `oracle_trajectory(task)`) as a `Trajectory`, tokenised the way a rollout builds one.
 
-Token-in, token-out like the episode runner (ENVIRONMENTS.md section 4), so SFT warm starts train on exactly the
+Token-in, token-out like the episode runner (docs/ENVIRONMENTS.md section 4), so SFT warm starts train on exactly the
 ids a rollout of the same chat would hold:
 
     prompt       encode(render(system + user, tools, add_generation_prompt=True))        action_mask 0

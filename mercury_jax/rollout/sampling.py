@@ -7,7 +7,7 @@ Per row b (per-request parameters, so requests with different settings share one
     token ~ softmax(filtered)
 Recorded per sampled token:
     logprob          = log_softmax(logits)[token]      the policy's own distribution at temperature 1, unfiltered.
-                       This is `rollout_logprobs` (ALGORITHMS.md): the trust-region ratio
+                       This is `rollout_logprobs` (docs/ALGORITHMS.md): the trust-region ratio
                        exp(logp_theta - rollout_logp) compares the learner's log-softmax with it.
     sampling_logprob = log_softmax(filtered)[token]    the distribution the token was actually drawn from
                        (equal to `logprob` at temperature 1 with no filtering; 0 for greedy).

@@ -1,4 +1,4 @@
-"""The trajectory: one episode as one token sequence, the unit both pipelines learn from (ALGORITHMS.md).
+"""The trajectory: one episode as one token sequence, the unit both pipelines learn from (docs/ALGORITHMS.md).
 
 `tokens` = prompt, then alternating assistant turns (sampled) and observations (inserted), exactly as the
 sampler saw them (token-in, token-out). `action_mask[t] = 1` exactly for sampled tokens (assistant text, tool-call
@@ -64,7 +64,7 @@ class Trajectory:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> "Trajectory":
+    def from_json(cls, data: dict) -> Trajectory:
         data = dict(data)
         data["turn_spans"] = [tuple(s) for s in data.get("turn_spans", [])]
         return cls(**data)

@@ -1,4 +1,4 @@
-"""The asynchronous rollout worker (ALGORITHMS.md, SAO "Asynchrony"): episodes run continuously, and each finished
+"""The asynchronous rollout worker (docs/ALGORITHMS.md, SAO "Asynchrony"): episodes run continuously, and each finished
 trajectory goes to the learner's queue at once (no group barrier, no waiting for the slowest episode).
 
     worker = RolloutWorker(model, tokenizer, tasks, num_slots=64, devices=jax.devices()[4:])
@@ -117,7 +117,8 @@ class RolloutWorker:
             except queue.Empty:
                 self.raise_if_failed()
                 if self._thread is not None and not self._thread.is_alive() and self.queue.empty():
-                    raise RuntimeError("rollout worker has ended (tasks exhausted or stopped) and its queue is empty")
+                    raise RuntimeError("rollout worker has ended (tasks exhausted or stopped) and its queue is "
+                                       "empty") from None
                 if deadline is not None and time.monotonic() > deadline:
                     raise
 
@@ -134,9 +135,9 @@ class RolloutWorker:
         paths, treedef = jax.tree_util.tree_flatten_with_path(params_state)
         unknown = [jax.tree_util.keystr(path) for path, _ in paths if path not in placement]
         if unknown:
-            raise ValueError(f"published weights hold {', '.join(unknown[:3])} ({len(unknown)} in all), which the worker's model "
-                             f"does not have; publish nnx.state(model) or nnx.state(model, nnx.Param) of a model "
-                             f"with the worker's structure")
+            raise ValueError(f"published weights hold {', '.join(unknown[:3])} ({len(unknown)} in all), which the "
+                             f"worker's model does not have; publish nnx.state(model) or nnx.state(model, nnx.Param) "
+                             f"of a model with the worker's structure")
         shardings = jax.tree_util.tree_unflatten(treedef, [placement[path] for path, _ in paths])
         owned = jax.device_put(params_state, shardings, may_alias=False)
         with self._lock:

@@ -1,6 +1,6 @@
 """The pivot-GRPO trainer: pivot states -> K continuations each -> stop-verifier rewards -> group advantages ->
 clipped surrogate + k3 KL to the frozen reference -> new weights to the rollout engine -> a checkpoint every step
-(ALGORITHMS.md, pipeline 2; the per-step math is in `grpo_learner.py`).
+(docs/ALGORITHMS.md, pipeline 2; the per-step math is in `grpo_learner.py`).
 
 One step takes `batch_states` pivot states (a seeded order over the dataset, reshuffled each pass; the state of
 the order is the number of states handed out, so a resumed run continues with the same states), renders each

@@ -1,4 +1,5 @@
-"""The pivot-GRPO learner step as jitted functions over a padded batch of continuations (ALGORITHMS.md, pipeline 2).
+"""The pivot-GRPO learner step as jitted functions over a padded batch of continuations
+(docs/ALGORITHMS.md, pipeline 2).
 
 Row b = one continuation (the next assistant turn) of a pivot state: prompt tokens (action_mask 0) then the
 sampled turn (action_mask 1). With A_b the group advantage of its reward (`rl.advantages.group_advantages`),

@@ -1,4 +1,4 @@
-"""The pivot dataset of pivot GRPO (ALGORITHMS.md, pipeline 2): stop-decision states of a browsing agent.
+"""The pivot dataset of pivot GRPO (docs/ALGORITHMS.md, pipeline 2): stop-decision states of a browsing agent.
 
 Builder: run the starting policy (`source="policy"`: its own episodes through the rollout engine) or, for the tiny
 demo, the scripted browsing oracle with its over-search habit (`source="oracle"`) on browsing tasks, cut each
@@ -47,6 +47,9 @@ def build_pivots(tasks: Sequence[Mapping], path: str | Path, *, source: str, ora
         if run_episodes is None:
             raise ValueError("source='policy' needs run_episodes(tasks) -> trajectories of the starting policy")
         trajectories = run_episodes(list(tasks))
+        failed = {i for i, t in enumerate(trajectories) if t.env_failure is not None}  # no pivots from a broken env
+        tasks = [task for i, task in enumerate(tasks) if i not in failed]
+        trajectories = [t for i, t in enumerate(trajectories) if i not in failed]
         chats = [trajectory_messages(task, t, tools) for task, t, tools in
                  zip(tasks, trajectories, task_tool_schemas(tasks))]
     path = Path(path)

@@ -1,5 +1,5 @@
 """The SAO trainer: rollouts -> critic values -> skip-observation GAE -> K critic updates -> one DIS policy update
--> publish weights (ALGORITHMS.md, pipeline 1; the per-step math is in `sao_learner.py`).
+-> publish weights (docs/ALGORITHMS.md, pipeline 1; the per-step math is in `sao_learner.py`).
 
 Device groups come from `config.devices` (rollout / actor / critic; all 0 = one shared device): the actor and the
 critic each live on their own mesh (batch sharded over it), the rollout engine on the first rollout device with
@@ -30,6 +30,7 @@ from mercury_jax.evaluation import discordant_counts, paired_difference, sign_te
 from mercury_jax.parallel import shard_params
 from mercury_jax.rollout.engine import Engine
 from mercury_jax.rollout.episode import EpisodeRunner
+from mercury_jax.rollout.failures import trainable
 from mercury_jax.rollout.trajectory import Trajectory, batch_trajectories
 from mercury_jax.rollout.worker import RolloutWorker
 from mercury_jax.train import preemption, setup
@@ -184,7 +185,8 @@ def run_sao(config: ml_collections.ConfigDict, workdir: Path):
         result = {"label": label, **trajectory_metrics(trajectories), "reward_sem": float(rewards.std(ddof=1) /
                                                                                         np.sqrt(len(rewards))),
                   "task_ids": [t.task_id for t in trajectories], "task_rewards": rewards.tolist(),
-                  "task_all_effects_pass": [bool(t.reward_parts.get("all_effects_pass")) for t in trajectories]}
+                  "task_all_effects_pass": [bool(t.reward_parts.get("all_effects_pass")) for t in trajectories],
+                  "env_failures": sum(t.env_failure is not None for t in trajectories)}  # scored 0, kept for pairing
         print(f"[sao] eval ({label}): reward {result['reward']:.3f} +- {result['reward_sem']:.3f} (sem over "
               f"{len(rewards)} held-out tasks), all-effects pass {result['all_effects_pass']:.2f}", flush=True)
         return result
@@ -203,18 +205,26 @@ def run_sao(config: ml_collections.ConfigDict, workdir: Path):
     elif rcfg.mode != "sync":
         raise ValueError(f"rollout.mode {rcfg.mode!r} is not 'sync' or 'async'")
 
-    def collect(n: int) -> tuple[list[Trajectory], int]:
+    def collect(n: int) -> tuple[list[Trajectory], int, int]:
+        """(trajectories to learn from, dropped as stale, dropped for an environment failure). Sync mode learns
+        from the batch's surviving episodes; async mode waits for n trainable ones."""
         if worker is None:
             tasks = stream.take(n)
-            return train_runner.run(tasks, first_episode_id=stream.consumed - len(tasks)), 0
-        kept, dropped = [], 0
+            kept, env_dropped = trainable(train_runner.run(tasks, first_episode_id=stream.consumed - len(tasks)))
+            if not kept:
+                raise RuntimeError(f"every one of the {n} episodes of this batch had an environment failure "
+                                   f"(train_runner.failures: {train_runner.failures[-3:]}); check the MCP servers")
+            return kept, 0, env_dropped
+        kept, dropped, env_dropped = [], 0, 0
         while len(kept) < n:
             trajectory = worker.get(timeout=3600)
-            if version - trajectory.policy_version > cfg.max_staleness:
+            if trajectory.env_failure is not None:
+                env_dropped += 1
+            elif version - trajectory.policy_version > cfg.max_staleness:
                 dropped += 1
             else:
                 kept.append(trajectory)
-        return kept, dropped
+        return kept, dropped, env_dropped
 
     def publish():
         if worker is None:
@@ -237,7 +247,7 @@ def run_sao(config: ml_collections.ConfigDict, workdir: Path):
             t0 = time.perf_counter()
             if worker is not None and not worker.running:
                 worker.start()
-            trajectories, dropped = collect(cfg.batch_prompts)
+            trajectories, dropped, env_dropped = collect(cfg.batch_prompts)
             rollout_s = time.perf_counter() - t0
             staleness = np.array([version - t.policy_version for t in trajectories])
             length = _batch_length(trajectories, rcfg.max_total_tokens)
@@ -273,7 +283,7 @@ def run_sao(config: ml_collections.ConfigDict, workdir: Path):
             step_s = time.perf_counter() - t0
             tokens = sum(len(t.tokens) for t in trajectories)
             metrics.update(staleness_mean=float(staleness.mean()), staleness_max=int(staleness.max()),
-                           dropped_stale=dropped, nonfinite_skipped=guard.skipped,
+                           dropped_stale=dropped, env_failures=env_dropped, nonfinite_skipped=guard.skipped,
                            policy_version=version, tokens_per_s=tokens / step_s, rollout_s=rollout_s,
                            learner_s=step_s - rollout_s, batch_length=length, step_time_s=step_s)
             logger.log(step, metrics, progress_keys=PROGRESS)

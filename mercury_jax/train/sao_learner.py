@@ -1,4 +1,4 @@
-"""The SAO learner step, as jitted functions over a padded trajectory batch (ALGORITHMS.md, pipeline 1).
+"""The SAO learner step, as jitted functions over a padded trajectory batch (docs/ALGORITHMS.md, pipeline 1).
 
     V_t      = critic(x)[t - 1]                        value of the state that predicts token t
     lam_b    = max(0, 1 - 1 / (alpha * L_b))            length-adaptive lambda of row b (L_b action tokens)

@@ -106,7 +106,8 @@ async def replay(suite, task, *, calls=None, final_answer=None, tokenizer=None) 
     traces = []
     async with MCPToolbox(server, call_timeout_s=30) as toolbox:
         tools = await toolbox.list_tools()
-        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task.PROMPT}]
+        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
+                                          {"role": "user", "content": task.PROMPT}]
         for call in calls:
             assistant = {"role": "assistant", "content": "", "tool_calls": [{"name": call.function,
                                                                           "arguments": dict(call.args)}]}
@@ -119,7 +120,8 @@ async def replay(suite, task, *, calls=None, final_answer=None, tokenizer=None) 
             parsed = turn.tool_calls[0]
             if parsed.name != call.function or json.dumps(parsed.arguments, sort_keys=True, default=str) != \
                     json.dumps(dict(call.args), sort_keys=True, default=str):
-                problems.append(f"{call.function}: parsed {parsed.name}({parsed.arguments}) != ground truth {call.args}")
+                problems.append(f"{call.function}: parsed {parsed.name}({parsed.arguments}) "
+                                f"!= ground truth {call.args}")
             observation = await toolbox.call(parsed)
             if observation.is_error:
                 problems.append(f"{call.function}: tool error {observation.text[:200]}")
@@ -230,7 +232,8 @@ async def run(args) -> int:
         totals["perturb_applicable"] += counts["perturb"]
         totals["perturb_failed"] += counts["perturb_failed"]
     print(f"AgentDojo {args.version} replay through render -> parse_assistant -> MCP -> observation")
-    print("| suite | tasks | pass | drop-last-write fails | perturbed-argument fails |  (controls on non-vacuous tasks)")
+    print("| suite | tasks | pass | drop-last-write fails | perturbed-argument fails |  "
+          "(controls on non-vacuous tasks)")
     print("|---|---|---|---|---|")
     for name, c in rows:
         print(f"| {name} | {c['tasks']} | {c['passed']} | {c['drop_failed']}/{c['drop']} | "

@@ -1,4 +1,4 @@
-"""Stop-decision pivot states (ALGORITHMS.md, pipeline 2) cut from browsing trajectories.
+"""Stop-decision pivot states (docs/ALGORITHMS.md, pipeline 2) cut from browsing trajectories.
 
 A state is the chat prefix before an assistant turn. With `s_k` = evidence sufficient before turn k:
 - `just_sufficient`: `s_k` and not `s_{k-1}` (evidence has just become sufficient: answer or search on?);

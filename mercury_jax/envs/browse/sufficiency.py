@@ -1,4 +1,4 @@
-"""Evidence sufficiency of a browsing trajectory (ENVIRONMENTS.md section 3).
+"""Evidence sufficiency of a browsing trajectory (docs/ENVIRONMENTS.md section 3).
 
 Sufficient at a state = every evidence page of the task has been opened (an `open` observation with its
 `[page pNNN]` header), or the answer span has been shown in page text (an `open` or `find` observation; search

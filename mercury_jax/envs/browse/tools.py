@@ -8,7 +8,11 @@ Observation formats (sufficiency and the stop-verifier read them back):
 """
 from __future__ import annotations
 
+import inspect
+import logging
 import re
+
+import bm25s
 
 from mercury_jax.envs.enterprise.toolkit import ToolError
 
@@ -17,11 +21,8 @@ PAGE_HEADER = re.compile(r"^\[page (p\d+)\]")
 
 class BrowseIndex:
     """A BM25 index over a corpus's pages (title weighted twice), built once per episode."""
-
     def __init__(self, corpus: dict):
-        import logging
 
-        import bm25s
 
         logging.getLogger("bm25s").setLevel(logging.WARNING)
         self.pages = corpus["pages"]
@@ -86,6 +87,4 @@ def browse_tools(index: BrowseIndex, log: list | None = None) -> dict:
 
 
 def _accepts_backend(bm25s_module) -> bool:
-    import inspect
-
     return "backend" in inspect.signature(bm25s_module.BM25.__init__).parameters
