@@ -1,4 +1,10 @@
-"""Config pieces shared by the experiments (model, tokenizer, world, behaviour multiplier, checkpoints)."""
+"""Config pieces shared by the experiments: model, tokenizer, world, behaviour multiplier, checkpoints, and the
+`:tiny` overrides they have in common.
+
+Each experiment builds the released run top to bottom, then applies its `:tiny` variant (a CPU demo from scratch)
+as one block of overrides at the end (`tiny_common` here, then the experiment's own). Why a tiny value is what it is
+is recorded in BENCHMARKS.md ("Tiny demo settings").
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -7,20 +13,26 @@ import ml_collections
 
 from mercury_jax.envs.behaviour import BehaviourConfig
 
+VARIANTS = (None, "", "tiny")
 
-def base_config(pipeline: str, arg: str | None) -> tuple[ml_collections.ConfigDict, bool]:
-    """(config with pipeline, seed, model, tokenizer and world set, whether the variant is `tiny`)."""
-    if arg not in (None, "", "tiny"):
+
+def is_tiny(pipeline: str, arg: str | None) -> bool:
+    """Whether `arg` (the text after ':' in `--config experiments/X.py:ARG`) asks for the tiny variant."""
+    if arg not in VARIANTS:
         raise ValueError(f"unknown variant {arg!r} of experiments/{pipeline}.py; use ':tiny' or nothing")
-    tiny = arg == "tiny"
+    return arg == "tiny"
+
+
+def base_config(pipeline: str, world: str = "enterprise") -> ml_collections.ConfigDict:
+    """The released run's pipeline, seed, model, tokenizer, world and non-finite policy."""
     c = ml_collections.ConfigDict()
     c.pipeline = pipeline
     c.seed = 0
-    c.model = model_config(tiny)
-    c.tokenizer = tokenizer_config(tiny)
-    c.world = world_config(tiny)
+    c.model = model_config()
+    c.tokenizer = tokenizer_config()
+    c.world = world_config(world)
     c.train = train_config()
-    return c, tiny
+    return c
 
 
 def train_config() -> ml_collections.ConfigDict:
@@ -29,43 +41,35 @@ def train_config() -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(dict(nonfinite="raise", max_skipped=10))
 
 
-def model_config(tiny: bool) -> ml_collections.ConfigDict:
+def model_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
-    c.hf_path = "" if tiny else "/checkpoints/Qwen3.5-35B-A3B"  # an HF checkpoint directory (real runs)
-    c.preset = "tiny" if tiny else ""                             # build from scratch instead (tiny demos)
-    c.overrides = ml_collections.ConfigDict(
-        dict(hidden_size=96, num_hidden_layers=4, full_attention_interval=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=24,
-             linear_key_head_dim=24, linear_value_head_dim=24, linear_num_key_heads=2, linear_num_value_heads=4,
-             moe_intermediate_size=64, shared_expert_intermediate_size=96, num_experts=8, num_experts_per_tok=2)
-        if tiny else {})
-    c.dtype = "float32" if tiny else "bfloat16"   # compute dtype; master weights are always fp32
-    c.remat_policy = "none" if tiny else "dots_with_no_batch_dims_saveable"
-    c.moe_impl = "dense" if tiny else "ragged"   # dense: plain matmuls over the 8 tiny experts (fast on CPU)
+    c.hf_path = "/checkpoints/Qwen3.5-35B-A3B"  # an HF checkpoint directory
+    c.preset = ""                               # or a preset of models/qwen35_moe/config.py, built from scratch
+    c.overrides = ml_collections.ConfigDict({})  # HF config fields over the preset
+    c.dtype = "bfloat16"                        # compute dtype; master weights are always fp32
+    c.remat_policy = "dots_with_no_batch_dims_saveable"
+    c.moe_impl = "ragged"
     return c
 
 
-def tokenizer_config(tiny: bool) -> ml_collections.ConfigDict:
+def tokenizer_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
-    c.kind = "sentencepiece" if tiny else "qwen35"  # sentencepiece: trained on the world's oracle text
-    c.vocab_size = 1024 if tiny else 0
-    # Tiny: record ids (`T-3`), page ids (`p009`) and each distinct tool block of the system prompt are single tokens.
-    c.atomic_pattern = r"\b[A-Z]-\d+\b|\bp\d{3}\b|# Tools\n[\s\S]*?do not mention functions\." if tiny else ""
+    c.kind = "qwen35"        # or "sentencepiece": trained on the world's oracle text (tiny models)
+    c.vocab_size = 0         # sentencepiece only
+    c.atomic_pattern = ""    # sentencepiece only: strings the pattern matches become single pieces
     return c
 
 
-def world_config(tiny: bool, name: str = "enterprise") -> ml_collections.ConfigDict:
+def world_config(name: str = "enterprise") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.name = name
-    c.size = "tiny" if tiny else "full"
+    c.size = "full"
     c.corpus_dir = ""            # a corpus written by `python -m mercury_jax.envs.generate`; "" = generate in process
     c.train_seed = 0
     c.eval_seed = 10_000         # held-out tasks come from a disjoint seed range
-    c.num_train_tasks = 1024 if tiny else 38_670
-    c.num_eval_tasks = 64 if tiny else 512
-    # tiny enterprise: 3, one per tiny template (two of them have one possible request per world; at 10 a world
-    # fills up with the third and 76% of the tasks were deal-stage changes)
-    c.tasks_per_world = 3 if tiny and name == "enterprise" else 10
+    c.num_train_tasks = 38_670
+    c.num_eval_tasks = 512
+    c.tasks_per_world = 10
     return c
 
 
@@ -76,3 +80,27 @@ def behaviour_config() -> ml_collections.ConfigDict:
 
 def checkpoint_config(every: int, keep: int = 3) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(dict(every=every, keep=keep, async_save=True))
+
+
+def tiny_common(c: ml_collections.ConfigDict) -> None:
+    """The `:tiny` overrides every experiment shares: a ~10M-parameter model from scratch in fp32, a SentencePiece
+    tokenizer trained on the tiny world's oracle text, the tiny world."""
+    c.model.hf_path = ""
+    c.model.preset = "tiny"
+    c.model.overrides = ml_collections.ConfigDict(dict(
+        hidden_size=96, num_hidden_layers=4, full_attention_interval=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=24, linear_key_head_dim=24, linear_value_head_dim=24, linear_num_key_heads=2,
+        linear_num_value_heads=4, moe_intermediate_size=64, shared_expert_intermediate_size=96, num_experts=8,
+        num_experts_per_tok=2))
+    c.model.dtype = "float32"
+    c.model.remat_policy = "none"
+    c.model.moe_impl = "dense"   # plain matmuls over the 8 tiny experts: fastest on CPU
+    c.tokenizer.kind = "sentencepiece"
+    c.tokenizer.vocab_size = 1024
+    # record ids (`T-3`), page ids (`p009`) and each distinct tool block of the system prompt as single pieces
+    c.tokenizer.atomic_pattern = r"\b[A-Z]-\d+\b|\bp\d{3}\b|# Tools\n[\s\S]*?do not mention functions\."
+    c.world.size = "tiny"
+    c.world.num_train_tasks = 1024
+    c.world.num_eval_tasks = 64
+    if c.world.name == "enterprise":
+        c.world.tasks_per_world = 3   # one per tiny template

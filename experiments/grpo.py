@@ -21,30 +21,24 @@ from __future__ import annotations
 import ml_collections
 
 from experiments import common
-from experiments.sft import sft_config
+from experiments.sft import sft_config, tiny_sft
 from mercury_jax.envs.browse.stop_verifier import STOP_RULES
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c, tiny = common.base_config("grpo", arg)
-    c.world = common.world_config(tiny, name="browse")
-    # warm-start (SFT) tasks; the released run starts from HF. Tiny: 2,048 (at 512 the answer copy formed ~160
-    # steps later: teacher-forced answer accuracy 45/64 at step 560 vs 56/64)
-    c.world.num_train_tasks = 2048 if tiny else 20_000
+    tiny = common.is_tiny("grpo", arg)
+    c = common.base_config("grpo", world="browse")
+    c.world.num_train_tasks = 20_000      # warm-start (SFT) tasks
     c.oracle = ml_collections.ConfigDict(dict(over_search_prob=0.5, over_search_max=2))  # the habit GRPO removes
 
-    c.sft = sft_config(tiny)
-    c.sft.enabled = tiny          # the released run starts from an HF checkpoint of the SFT policy
-    if tiny:
-        # ~19 trajectories a step, ~5 epochs. Copying the answer out of the page forms late: teacher-forced answer
-        # accuracy on held-out oracle trajectories 9/64 at step 240, 42/64 at 400, 56/64 at 560 (160 gave 4/64)
-        c.sft.steps, c.sft.batch_rows, c.sft.row_length = 560, 4, 1024
-    c.sft.checkpoint = common.checkpoint_config(every=50 if tiny else 500)  # the warm start's own cadence
+    c.sft = sft_config()
+    c.sft.enabled = False         # the released run starts from an HF checkpoint of the SFT policy
+    c.sft.checkpoint = common.checkpoint_config(every=500)   # the warm start's own cadence
     c.checkpoint = common.checkpoint_config(every=1, keep=1000)  # every GRPO step: the sweep evaluates all of them
 
     g = ml_collections.ConfigDict()
-    g.steps = 30 if tiny else 32
-    g.batch_states = 16   # tiny: at 8 states x 10 steps over-search only wandered (0.48 -> 0.38); 16 x 30 takes it to 0
+    g.steps = 32
+    g.batch_states = 16
     g.group_size = 8
     g.eps = 0.2
     g.eps_high = 0.2
@@ -56,28 +50,41 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     g.loss_agg = "seq-mean-token-mean"
     g.ppo_epochs = 1
     g.minibatches = 1
-    g.actor_optimizer = ml_collections.ConfigDict(dict(lr=1e-4 if tiny else 1e-6, warmup_steps=0, b1=0.9, b2=0.999,
-                                                       eps=1e-8, weight_decay=0.0, grad_clip=1.0))
+    g.actor_optimizer = ml_collections.ConfigDict(dict(lr=1e-6, warmup_steps=0, b1=0.9, b2=0.999, eps=1e-8,
+                                                       weight_decay=0.0, grad_clip=1.0))
     g.stop_rules = ml_collections.ConfigDict(dict(STOP_RULES))  # stop-verifier weights (stop_verifier.py)
-    g.pivots_path = "" if tiny else "/data/browse/pivots.jsonl"  # "": build into WORKDIR/grpo/pivots.jsonl
-    g.pivot_source = "oracle" if tiny else "policy"   # whose trajectories the pivots are cut from
+    g.pivots_path = "/data/browse/pivots.jsonl"  # "": build into WORKDIR/grpo/pivots.jsonl
+    g.pivot_source = "policy"            # whose trajectories the pivots are cut from: "policy" or "oracle"
     g.pivot_kinds = ("just_sufficient", "one_step_before")
-    g.pivot_tasks = 256 if tiny else 4096
+    g.pivot_tasks = 4096
     g.pivot_task_seed = 5_000            # disjoint from the warm start's (0..) and the held-out (10,000..) seeds
     g.log_window = 20
     c.grpo = g
 
     r = ml_collections.ConfigDict()
-    r.num_slots = 64 if tiny else 128
+    r.num_slots = 128
     r.temperature = 1.0
     r.top_p = 1.0
-    r.max_turn_tokens = 48 if tiny else 8192      # one continuation = one assistant turn
-    r.max_total_tokens = 512 if tiny else 24576   # prompt + continuation (and policy episodes for the dataset)
-    r.max_tool_turns = 4 if tiny else 20          # policy episodes that build the pivot dataset
+    r.max_turn_tokens = 8192      # one continuation = one assistant turn
+    r.max_total_tokens = 24576    # prompt + continuation (and policy episodes for the dataset)
+    r.max_tool_turns = 20         # policy episodes that build the pivot dataset
     c.rollout = r
     c.behaviour = common.behaviour_config()   # the rewards of the policy episodes and the sweep's
 
     # Device groups (consecutive slices of jax.devices()); all 0 = everything shares the default device.
     # The frozen reference lives on the actor's devices with the actor's shardings.
-    c.devices = ml_collections.ConfigDict(dict(rollout=0, actor=0) if tiny else dict(rollout=64, actor=64))
+    c.devices = ml_collections.ConfigDict(dict(rollout=64, actor=64))
+
+    if tiny:
+        common.tiny_common(c)
+        c.world.num_train_tasks = 2048
+        tiny_sft(c.sft)
+        c.sft.enabled = True
+        c.sft.steps, c.sft.batch_rows, c.sft.row_length = 560, 4, 1024
+        c.sft.checkpoint.every = 50
+        g.steps = 30
+        g.actor_optimizer.lr = 1e-4
+        g.pivots_path, g.pivot_source, g.pivot_tasks = "", "oracle", 256
+        r.num_slots, r.max_turn_tokens, r.max_total_tokens, r.max_tool_turns = 64, 48, 512, 4
+        c.devices = ml_collections.ConfigDict(dict(rollout=0, actor=0))
     return c

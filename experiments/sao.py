@@ -18,22 +18,20 @@ from __future__ import annotations
 import ml_collections
 
 from experiments import common
-from experiments.sft import sft_config
+from experiments.sft import sft_config, tiny_sft
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c, tiny = common.base_config("sao", arg)
-    c.sft = sft_config(tiny)
-    c.sft.enabled = tiny          # warm start on oracle trajectories before SAO (the released run starts from HF)
-    c.checkpoint = common.checkpoint_config(every=5 if tiny else 10)
-    if tiny:
-        c.world.num_eval_tasks = 128   # held-out reward to +-0.045 (sem)
+    tiny = common.is_tiny("sao", arg)
+    c = common.base_config("sao")
+    c.sft = sft_config()
+    c.sft.enabled = False         # the released run starts from an HF checkpoint
+    c.checkpoint = common.checkpoint_config(every=10)
 
     s = ml_collections.ConfigDict()
-    s.steps = 80 if tiny else 159
-    s.batch_prompts = 16 if tiny else 128
-    s.group_size = 1
-    s.critic_only_steps = 3 if tiny else 20
+    s.steps = 159
+    s.batch_prompts = 128         # one rollout per prompt (SAO has no groups)
+    s.critic_only_steps = 20
     s.critic_epochs = 2
     s.alpha = 1.5
     s.gamma = 1.0
@@ -44,28 +42,39 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     s.whiten_advantages = False
     s.value_clip = 0.0
     s.max_staleness = 1
-    s.actor_optimizer = ml_collections.ConfigDict(dict(lr=3e-5 if tiny else 1e-6, warmup_steps=0, b1=0.9, b2=0.98,
-                                                       eps=1e-8, weight_decay=0.0, grad_clip=1.0 if tiny else 0.0))
-    s.critic_optimizer = ml_collections.ConfigDict(dict(lr=1e-3 if tiny else 5e-6, warmup_steps=10, b1=0.9,
-                                                        b2=0.98, eps=1e-8, weight_decay=0.0, grad_clip=1.0))
+    s.actor_optimizer = ml_collections.ConfigDict(dict(lr=1e-6, warmup_steps=0, b1=0.9, b2=0.98, eps=1e-8,
+                                                       weight_decay=0.0, grad_clip=0.0))
+    s.critic_optimizer = ml_collections.ConfigDict(dict(lr=5e-6, warmup_steps=10, b1=0.9, b2=0.98, eps=1e-8,
+                                                        weight_decay=0.0, grad_clip=1.0))
     s.eval_every = 20
     s.log_window = 20
     c.sao = s
 
     r = ml_collections.ConfigDict()
-    r.mode = "sync" if tiny else "async"   # sync: every batch sampled with the latest weights (exactly resumable)
-    r.num_slots = 16 if tiny else 128
+    r.mode = "async"              # "sync": every batch sampled with the latest weights (exactly resumable)
+    r.num_slots = 128
     r.temperature = 1.0
     r.top_p = 1.0
-    r.max_tool_turns = 4 if tiny else 20
-    r.max_total_tokens = 768 if tiny else 24576
-    r.max_turn_tokens = 192 if tiny else 8192
+    r.max_tool_turns = 20
+    r.max_total_tokens = 24576
+    r.max_turn_tokens = 8192
     c.rollout = r
     c.behaviour = common.behaviour_config()   # reward = effects_fraction x the behaviour multiplier
-    if tiny:  # a malformed call costs a quarter of the reward (off in the released run's reward)
-        c.behaviour.malformed_strength = 0.25
 
     # Device groups (consecutive slices of jax.devices()); all 0 = everything shares the default device.
-    c.devices = ml_collections.ConfigDict(dict(rollout=0, actor=0, critic=0) if tiny else
-                                          dict(rollout=64, actor=32, critic=32))
+    c.devices = ml_collections.ConfigDict(dict(rollout=64, actor=32, critic=32))
+
+    if tiny:
+        common.tiny_common(c)
+        tiny_sft(c.sft)
+        c.sft.enabled = True                  # warm start on oracle trajectories, then SAO
+        c.checkpoint.every = 5
+        c.world.num_eval_tasks = 128          # held-out reward to +-0.045 (sem)
+        s.steps, s.batch_prompts, s.critic_only_steps = 80, 16, 3
+        s.actor_optimizer.lr, s.actor_optimizer.grad_clip = 3e-5, 1.0
+        s.critic_optimizer.lr = 1e-3
+        r.mode, r.num_slots = "sync", 16
+        r.max_tool_turns, r.max_total_tokens, r.max_turn_tokens = 4, 768, 192
+        c.behaviour.malformed_strength = 0.25  # a malformed call costs a quarter of the reward
+        c.devices = ml_collections.ConfigDict(dict(rollout=0, actor=0, critic=0))
     return c

@@ -240,8 +240,8 @@ def tiny_grpo_config(num_eval_tasks: int = 3):
 
     from experiments import common
 
-    c, _ = common.base_config("grpo", "tiny")
-    c.world = common.world_config(True, "browse")
+    c = common.base_config("grpo", world="browse")
+    common.tiny_common(c)
     c.world.num_train_tasks, c.world.num_eval_tasks = 8, num_eval_tasks
     c.rollout = ml_collections.ConfigDict(dict(max_tool_turns=1, max_total_tokens=512, max_turn_tokens=24,
                                                temperature=1.0, top_p=1.0, num_slots=3))

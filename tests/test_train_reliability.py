@@ -32,6 +32,7 @@ sys.path.insert(0, str(REPO))  # run as a script (the SIGTERM test's child proce
 
 from experiments import common  # noqa: E402
 from experiments.sft import sft_config  # noqa: E402
+from experiments.sft import tiny_sft as tiny_sft_section  # noqa: E402
 from mercury_jax.export import read_checkpoint_arrays, save_run_config  # noqa: E402
 from mercury_jax.train import preemption, setup  # noqa: E402
 from mercury_jax.train import sft as sft_module  # noqa: E402
@@ -101,9 +102,12 @@ VOCAB, SFT_STEPS = 64, 5
 
 
 def tiny_sft(steps: int, *, every: int = 1, keep: int = 2):
-    model_cfg = common.model_config(True)
+    tiny = common.base_config("sft")
+    common.tiny_common(tiny)
+    model_cfg = tiny.model
     model_cfg.overrides.num_hidden_layers = 2
-    cfg = sft_config(True)
+    cfg = sft_config()
+    tiny_sft_section(cfg)
     cfg.steps, cfg.batch_rows, cfg.row_length, cfg.log_every = steps, 2, 32, 1
     cfg.optimizer.warmup_steps = 0
     rng = np.random.default_rng(0)

@@ -81,9 +81,6 @@ def _validate_sao(config) -> None:
         if config.sao.batch_prompts % groups[name]:
             raise ConfigError(f"sao.batch_prompts {config.sao.batch_prompts} is not divisible by the {groups[name]} "
                               f"{name} devices; change sao.batch_prompts or devices.{name}")
-    if config.sao.group_size != 1:
-        raise ConfigError("sao.group_size must be 1 (SAO uses one rollout per prompt); use experiments/grpo.py "
-                          "for grouped rollouts")
     if not 0 < config.sao.eps_low < 1 or config.sao.eps_high <= 0:
         raise ConfigError(f"sao.eps_low must be in (0, 1) and sao.eps_high > 0, got {config.sao.eps_low}, "
                           f"{config.sao.eps_high}")
