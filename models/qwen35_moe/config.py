@@ -20,7 +20,7 @@ LINEAR_ATTENTION = "linear_attention"
 FULL_ATTENTION = "full_attention"
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 GDN_IMPLS = GATED_DELTA_IMPLS  # the kernel registry: "auto", "chunked", "pallas", "recurrent"
-MOE_IMPLS = ("ragged", "dense")
+MOE_IMPLS = ("ragged", "dense", "ep")
 _HF_IGNORED_KEYS = {"attn_output_gate", "mamba_ssm_dtype", "output_gate_type", "use_cache", "dtype", "torch_dtype",
                     "transformers_version", "architectures", "model_type", "layer_types", "rope_parameters",
                     "rope_scaling", "full_attention_interval", "rope_theta", "partial_rotary_factor",

@@ -6,6 +6,8 @@
 Dropless: the N*k (token, expert) pairs are sorted by expert and multiplied with `jax.lax.ragged_dot` (a grouped
 matmul, no capacity, no padding to a capacity), then unsorted and summed. Aux statistics for the Switch
 load-balancing loss are returned so a caller can combine them across layers exactly as HF does.
+moe_impl "ep" runs the same routed sum expert-parallel under shard_map over the context mesh (moe_ep.py); the router,
+top-k, shared expert and aux statistics stay here, token-parallel under GSPMD, so their sums are whole-batch.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models.qwen35_moe.config import Qwen35MoeConfig
+from models.qwen35_moe.moe_ep import ep_routed_experts
 from models.qwen35_moe.params import cast, make_param, normal_init
 
 
@@ -42,7 +45,7 @@ class SparseMoe(nnx.Module):
         top_w_NxK, top_e_NxK = jax.lax.top_k(probs_NxE, cfg.num_experts_per_tok)
         top_w_NxK = (top_w_NxK / jnp.sum(top_w_NxK, axis=-1, keepdims=True)).astype(dt)
 
-        routed = dense_experts if cfg.moe_impl == "dense" else routed_experts
+        routed = {"dense": dense_experts, "ep": ep_routed_experts}.get(cfg.moe_impl, routed_experts)
         routed_NxH = routed(x_NxH, top_e_NxK, top_w_NxK, cast(self.expert_gate, dt), cast(self.expert_up, dt),
                             cast(self.expert_down, dt))
         shared_NxH = (jax.nn.silu(x_NxH @ cast(self.shared_gate_proj, dt)) * (x_NxH @ cast(self.shared_up_proj, dt))

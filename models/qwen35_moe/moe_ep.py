@@ -1,0 +1,198 @@
+"""Expert-parallel routed experts under `shard_map`: token-local sort, all-to-all dispatch, grouped matmuls.
+
+Computes exactly `moe.routed_experts` (out[n] = sum_k w[n, k] * Expert_{e[n, k]}(x[n]), dropless), distributed:
+
+  1. tokens are split over the mesh axes ('data', 'fsdp', 'expert'); each device sorts its own n*K (token, expert)
+     pairs by expert, which is also by owner device (expert e lives on expert-rank e // E_local);
+  2. the pair counts are exchanged (all_to_all of an [P, E_local] int matrix, P = expert-axis size) and the token
+     rows are sent to the owners (dispatch, below);
+  3. each device re-sorts what it received by local expert and runs its E_local experts with `ragged_dot`;
+  4. results travel back by the transposed dispatch, are unsorted and combined with the routing weights.
+Expert weights are sharded [E over 'expert', H, I over 'tensor'] (a 'tensor' split of I is summed with one psum of
+the [n, H] result); no device ever holds another device's experts, and no collective carries the global tokens.
+
+Dispatch ("ragged" or "padded", same math, same receive buffer):
+  * "ragged": `jax.lax.ragged_all_to_all` moves exactly the rows sent (TPU/GPU). XLA:CPU has no ragged-all-to-all
+    (jax 0.10: "HLO opcode ragged-all-to-all is not supported by XLA:CPU"), so
+  * "padded": a dense `all_to_all` of a [P, cap, H] buffer whose slot j holds the rows for expert-rank j, zero
+    padded. Used on CPU meshes (tests); "auto" picks it when the mesh's devices are CPUs.
+Dropless sizing rule: a token picks K distinct experts, so it sends at most min(K, E_local) rows to one expert-rank;
+a device therefore receives at most cap = n * min(K, E_local) rows from each of the P sources, and the receive
+buffer has P * cap rows (reached when every source routes every token to this rank). No pair is ever dropped; the
+price is a receive buffer (and grouped-matmul rows) of P * cap instead of the ~n * K average.
+
+Backward: JAX transposes `ragged_all_to_all` / `all_to_all` (the dispatch reversed), sorts and gathers, so the
+gradients w.r.t. x, the routing weights and the local experts need no gather of other devices' experts.
+
+Mesh: the caller's mesh context (`with jax.set_mesh(mesh):`, the mesh the parameters were sharded over by
+`mercury_jax.parallel.shard_params`), or an explicit `mesh=` argument. A single device is a 1x1x1x1 mesh.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from mercury_jax.parallel.mesh import MESH_AXES
+
+TOKEN_AXES = ("data", "fsdp", "expert")
+EXPERT_AXIS = "expert"
+TENSOR_AXIS = "tensor"
+DISPATCHES = ("auto", "ragged", "padded")
+
+
+class ExpertParallelError(ValueError):
+    """moe_impl='ep' cannot run with the given mesh or shapes; the message says why and how to fix it."""
+
+
+def ep_routed_experts(x_NxH: jax.Array, expert_NxK: jax.Array, weight_NxK: jax.Array, gate_ExHxI: jax.Array,
+                      up_ExHxI: jax.Array, down_ExIxH: jax.Array, *, mesh=None, dispatch: str = "auto") -> jax.Array:
+    """`moe.routed_experts` with experts sharded over the 'expert' mesh axis (see the module docstring)."""
+    mesh = _resolve_mesh(mesh)
+    N, K = expert_NxK.shape
+    E, H, I = gate_ExHxI.shape
+    ep_size = mesh.shape.get(EXPERT_AXIS, 1)
+    if E % ep_size:
+        raise ExpertParallelError(f"num_experts {E} is not divisible by the mesh's '{EXPERT_AXIS}' axis of size "
+                                  f"{ep_size}; choose an expert-axis size that divides {E}")
+    dispatch = _resolve_dispatch(dispatch, mesh)
+    token_axes = tuple(a for a in TOKEN_AXES if a in mesh.shape)
+    n_shards = 1
+    for a in token_axes:
+        n_shards *= mesh.shape[a]
+    tp = TENSOR_AXIS if mesh.shape.get(TENSOR_AXIS, 1) > 1 and I % mesh.shape[TENSOR_AXIS] == 0 else None
+    ep = EXPERT_AXIS if ep_size > 1 else None
+
+    # pad the token count to a multiple of the token shards; padded tokens pick the out-of-range expert E, which
+    # sorts last and is never sent
+    pad = (-N) % n_shards
+    if pad:
+        x_NxH = jnp.pad(x_NxH, ((0, pad), (0, 0)))
+        expert_NxK = jnp.pad(expert_NxK, ((0, pad), (0, 0)), constant_values=E)
+        weight_NxK = jnp.pad(weight_NxK, ((0, pad), (0, 0)))
+
+    tok = P(token_axes or None, None)
+    local = functools.partial(_local_ep, num_experts=E, ep=ep, ep_size=ep_size, tp=tp, dispatch=dispatch)
+    out_NxH = jax.shard_map(
+        local, mesh=mesh,
+        in_specs=(tok, tok, tok, P(ep, None, tp), P(ep, None, tp), P(ep, tp, None)),
+        out_specs=tok, check_vma=False,
+    )(x_NxH, expert_NxK, weight_NxK, gate_ExHxI, up_ExHxI, down_ExIxH)
+    return out_NxH[:N] if pad else out_NxH
+
+
+def receive_capacity(tokens_per_device: int, top_k: int, experts_per_device: int) -> int:
+    """Rows one device can receive from one source device, worst case: n * min(K, E_local) (dropless bound)."""
+    return tokens_per_device * min(top_k, experts_per_device)
+
+
+def _local_ep(x_nxH, expert_nxK, weight_nxK, gate_ExHxI, up_ExHxI, down_ExIxH, *, num_experts, ep, ep_size, tp,
+              dispatch):
+    n, K = expert_nxK.shape
+    M, H = n * K, x_nxH.shape[1]
+    E_local = gate_ExHxI.shape[0]
+    flat_expert_M = expert_nxK.reshape(M)
+    order_M = jnp.argsort(flat_expert_M, stable=True)
+    x_sorted_MxH = x_nxH[order_M // K]
+    counts_E = jnp.zeros((num_experts,), jnp.int32).at[flat_expert_M].add(1, mode="drop")
+
+    if ep is None:
+        y_sorted_MxH = _grouped_swiglu(x_sorted_MxH, counts_E, gate_ExHxI, up_ExHxI, down_ExIxH)
+    else:
+        y_sorted_MxH = _exchange_and_compute(x_sorted_MxH, counts_E.reshape(ep_size, E_local), gate_ExHxI, up_ExHxI,
+                                             down_ExIxH, n=n, K=K, ep=ep, ep_size=ep_size, dispatch=dispatch)
+    y_MxH = jnp.zeros((M, H), y_sorted_MxH.dtype).at[order_M].set(y_sorted_MxH)
+    out_nxH = jnp.einsum("nkh,nk->nh", y_MxH.reshape(n, K, H), weight_nxK)
+    return jax.lax.psum(out_nxH, tp) if tp else out_nxH
+
+
+def _exchange_and_compute(x_sorted_MxH, send_counts_PxL, gate_LxHxI, up_LxHxI, down_LxIxH, *, n, K, ep, ep_size,
+                          dispatch):
+    """Send sorted rows to their expert-ranks, run the local experts, return the results in the sorted order."""
+    M, H = x_sorted_MxH.shape
+    E_local = gate_LxHxI.shape[0]
+    cap = receive_capacity(n, K, E_local)
+    R = ep_size * cap
+    send_P = jnp.sum(send_counts_PxL, axis=1)
+    send_offsets_P = _exclusive_cumsum(send_P)
+    recv_counts_PxL = jax.lax.all_to_all(send_counts_PxL, ep, 0, 0, tiled=True)  # [source, local expert]
+    recv_P = jnp.sum(recv_counts_PxL, axis=1)
+
+    if dispatch == "ragged":
+        me = jax.lax.axis_index(ep)
+        sizes_PxP = jax.lax.all_gather(send_P, ep)  # [source, destination]
+        dest_offsets_P = _exclusive_cumsum(sizes_PxP, axis=0)[me]  # where my rows land in each receiver's buffer
+        back_offsets_P = _exclusive_cumsum(sizes_PxP, axis=1)[:, me]  # where my results land in each source's
+        recv_offsets_P = _exclusive_cumsum(recv_P)
+        recv_RxH = jax.lax.ragged_all_to_all(x_sorted_MxH, jnp.zeros((R, H), x_sorted_MxH.dtype), send_offsets_P,
+                                             send_P, dest_offsets_P, recv_P, axis_name=ep)
+    else:
+        slot_PxC = send_offsets_P[:, None] + jnp.arange(cap)[None, :]
+        valid_PxC = jnp.arange(cap)[None, :] < send_P[:, None]
+        send_PxCxH = jnp.where(valid_PxC[..., None], x_sorted_MxH[jnp.clip(slot_PxC, 0, M - 1)], 0)
+        recv_RxH = jax.lax.all_to_all(send_PxCxH, ep, 0, 0, tiled=True).reshape(R, H)
+        recv_offsets_P = jnp.arange(ep_size, dtype=jnp.int32) * cap
+
+    # received rows: per source s at recv_offsets[s], grouped by local expert; re-sort them by local expert
+    starts_S = (recv_offsets_P[:, None] + _exclusive_cumsum(recv_counts_PxL, axis=1)).reshape(-1)
+    lengths_S = recv_counts_PxL.reshape(-1)
+    row_R = jnp.arange(R, dtype=jnp.int32)
+    segment_R = jnp.searchsorted(starts_S, row_R, side="right") - 1
+    valid_R = row_R < starts_S[segment_R] + lengths_S[segment_R]
+    local_order_R = jnp.argsort(jnp.where(valid_R, segment_R % E_local, E_local), stable=True)
+    y_R = _grouped_swiglu(recv_RxH[local_order_R], jnp.sum(recv_counts_PxL, axis=0), gate_LxHxI, up_LxHxI,
+                          down_LxIxH)
+    y_RxH = jnp.zeros_like(y_R).at[local_order_R].set(y_R)
+
+    if dispatch == "ragged":
+        return jax.lax.ragged_all_to_all(y_RxH, jnp.zeros((M, H), y_RxH.dtype), recv_offsets_P, recv_P,
+                                         back_offsets_P, send_P, axis_name=ep)
+    back_PxCxH = jax.lax.all_to_all(y_RxH.reshape(ep_size, cap, H), ep, 0, 0, tiled=True)
+    pos_M = jnp.arange(M, dtype=jnp.int32)
+    dest_M = jnp.searchsorted(jnp.cumsum(send_P), pos_M, side="right")
+    sent_M = dest_M < ep_size
+    dest_M = jnp.minimum(dest_M, ep_size - 1)
+    rows_MxH = back_PxCxH[dest_M, jnp.clip(pos_M - send_offsets_P[dest_M], 0, cap - 1)]
+    return jnp.where(sent_M[:, None], rows_MxH, 0)
+
+
+def _grouped_swiglu(x_RxH, group_sizes_L, gate_LxHxI, up_LxHxI, down_LxIxH):
+    """(silu(x @ G_e) * (x @ U_e)) @ D_e for rows grouped by expert; rows past sum(group_sizes) give zeros."""
+    group_sizes_L = group_sizes_L.astype(jnp.int32)
+    gate_RxI = jax.lax.ragged_dot(x_RxH, gate_LxHxI, group_sizes_L)
+    up_RxI = jax.lax.ragged_dot(x_RxH, up_LxHxI, group_sizes_L)
+    return jax.lax.ragged_dot(jax.nn.silu(gate_RxI) * up_RxI, down_LxIxH, group_sizes_L)
+
+
+def _exclusive_cumsum(a, axis=0):
+    return jnp.cumsum(a, axis=axis) - a
+
+
+def _resolve_mesh(mesh):
+    if mesh is None:
+        mesh = jax.sharding.get_abstract_mesh()
+        if mesh.empty:
+            mesh = jax.sharding.get_mesh()
+    if mesh is None or mesh.empty:
+        raise ExpertParallelError(
+            "moe_impl='ep' needs a device mesh but none is set; run the model under `with jax.set_mesh(mesh):` "
+            "(e.g. mercury_jax.parallel.make_mesh({'expert': 4, 'fsdp': 2})), or pass mesh= explicitly")
+    unknown = set(mesh.axis_names) - set(MESH_AXES)
+    if unknown:
+        raise ExpertParallelError(f"mesh axes {sorted(unknown)} are not project axes {MESH_AXES}; build the mesh "
+                                  "with mercury_jax.parallel.make_mesh")
+    return mesh
+
+
+def _resolve_dispatch(dispatch, mesh):
+    if dispatch not in DISPATCHES:
+        raise ExpertParallelError(f"dispatch {dispatch!r} is not one of {DISPATCHES}")
+    if dispatch != "auto":
+        return dispatch
+    if isinstance(mesh, jax.sharding.Mesh):
+        mesh = mesh.abstract_mesh
+    device = getattr(mesh, "abstract_device", None)
+    platform = device.platform if device is not None else jax.default_backend()
+    return "padded" if platform == "cpu" else "ragged"
