@@ -1,0 +1,160 @@
+"""Expert-parallel MoE (moe_impl='ep') against the single-device sort + ragged_dot path on the 8-device CPU mesh.
+
+Tolerance 1e-5 (fp32, matmul precision 'highest'): both sides do the same per-pair products; only the order of the
+routed sum's additions (and, with a 'tensor' split, of the I-dim contraction) differs; observed ~2e-6 on sums of
+30 x 16 terms of magnitude ~1. On CPU the dispatch is the padded all_to_all (XLA:CPU has no ragged-all-to-all).
+"""
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from hf_reference import hf_logits, hf_model, save_checkpoint
+
+from mercury_jax.parallel import make_mesh, shard_params
+from models.qwen35_moe import config as C
+from models.qwen35_moe.hf import load_hf
+from models.qwen35_moe.moe import SparseMoe, load_balancing_loss, routed_experts
+from models.qwen35_moe.moe_ep import ExpertParallelError, ep_routed_experts, receive_capacity
+
+ATOL = 1e-5
+N, K, E, H, F = 30, 2, 8, 16, 8  # 30 tokens: not a multiple of 8 shards, so the token padding is exercised
+MESHES = {
+    "expert4_data2": {"expert": 4, "data": 2},
+    "expert8": {"expert": 8},
+    "expert2_fsdp2_tensor2": {"expert": 2, "fsdp": 2, "tensor": 2},
+}
+
+
+def _routings():
+    """Adversarial and random routings: [N, k] expert ids (distinct per token), each with its own k."""
+    r = np.random.RandomState(0)
+    random = np.stack([r.choice(E, K, replace=False) for _ in range(N)])
+    return {
+        "random": random,
+        "all_to_last_expert": np.full((N, 1), E - 1),  # one device receives every pair; experts 0..6 unused
+        "all_to_first_pair": np.tile([1, 0], (N, 1)),  # both picks on expert-rank 0 for every mesh; 2..7 unused
+    }
+
+
+def _weights():
+    r = np.random.RandomState(1)
+    x = jnp.asarray(r.randn(N, H), jnp.float32)
+    experts = tuple(jnp.asarray(0.3 * r.randn(*s), jnp.float32) for s in [(E, H, F), (E, H, F), (E, F, H)])
+    return x, experts
+
+
+def _loss(routed, expert_NxK):
+    def loss(x, w, g, u, d):
+        return jnp.sum(jnp.sin(routed(x, jnp.asarray(expert_NxK, jnp.int32), w, g, u, d)))
+    return jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4))
+
+
+@pytest.mark.parametrize("mesh_name", list(MESHES) + ["one_device"])
+def test_ep_routed_experts_match_single_device_values_and_gradients(mesh_name):
+    mesh = make_mesh(devices=jax.devices()[:1]) if mesh_name == "one_device" else make_mesh(MESHES[mesh_name])
+    x, experts = _weights()
+    routings = _routings()
+    weights = {name: jnp.asarray(np.random.RandomState(2).rand(N, e.shape[1]), jnp.float32)
+               for name, e in routings.items()}
+
+    def all_cases(routed):
+        return {name: _loss(routed, e)(x, weights[name], *experts) for name, e in routings.items()}
+
+    expected = jax.jit(lambda: all_cases(routed_experts))()
+    with jax.set_mesh(mesh):
+        got = jax.jit(lambda: all_cases(ep_routed_experts))()
+    for name in routings:
+        want_leaves, got_leaves = jax.tree.leaves(expected[name]), jax.tree.leaves(got[name])
+        for what, want, have in zip(["loss", "d_x", "d_weight", "d_gate", "d_up", "d_down"], want_leaves,
+                                    got_leaves):
+            assert float(jnp.max(jnp.abs(want))) > 1e-3, f"{name} {what}: reference is zero, test cannot fail"
+            np.testing.assert_allclose(np.asarray(have), np.asarray(want), atol=ATOL, rtol=0,
+                                       err_msg=f"{mesh_name} {name} {what}")
+
+
+def _moe_loss(moe, x_BxTxH, probe_BxTxH):
+    out, aux = moe(x_BxTxH)
+    num_tokens = x_BxTxH.shape[0] * x_BxTxH.shape[1]
+    aux_loss = load_balancing_loss(aux["expert_counts_E"], aux["router_prob_sum_E"], num_tokens,
+                                   moe.config.num_experts)
+    return jnp.sum(out * probe_BxTxH) + 10.0 * aux_loss, (out, aux, aux_loss)
+
+
+@nnx.jit
+def _moe_value_and_grads(moe, x, probe):
+    grad_fn = nnx.value_and_grad(_moe_loss, argnums=(0, 1), has_aux=True)
+    (loss, (out, aux, aux_loss)), (g_moe, g_x) = grad_fn(moe, x, probe)
+    return loss, out, aux, aux_loss, g_x, g_moe
+
+
+@pytest.mark.parametrize("mesh_shape", [{"expert": 8}, {"expert": 2, "fsdp": 2, "tensor": 2}])
+def test_sparse_moe_ep_matches_ragged_layer_with_aux_and_router_gradients(mesh_shape):
+    """The whole layer (router, top-k, shared expert, aux stats) with moe_impl='ep' on a mesh vs 'ragged' on one
+    device; second case: a zero router, so every token ties on all experts and top-k picks experts 0 and 1."""
+    mesh = make_mesh(mesh_shape)
+    cfg = C.tiny(hidden_size=16, moe_intermediate_size=8, shared_expert_intermediate_size=8)
+    r = np.random.RandomState(3)
+    x = jnp.asarray(r.randn(2, 12, 16), jnp.float32)
+    probe = jnp.asarray(r.randn(2, 12, 16), jnp.float32)
+    for tie in (False, True):
+        reference = SparseMoe(cfg, rngs=nnx.Rngs(0))
+        ep = SparseMoe(C.tiny(hidden_size=16, moe_intermediate_size=8, shared_expert_intermediate_size=8,
+                              moe_impl="ep"), rngs=nnx.Rngs(0))
+        if tie:
+            for moe in (reference, ep):
+                moe.router.set_value(jnp.zeros_like(moe.router.get_value()))
+        want = _moe_value_and_grads(reference, x, probe)
+        shard_params(ep, mesh)
+        with jax.set_mesh(mesh):
+            got = _moe_value_and_grads(ep, x, probe)
+        if tie:
+            assert np.all(np.asarray(want[2]["expert_counts_E"])[2:] == 0), "ties must pick experts 0 and 1"
+        names = ["loss", "out", "aux", "aux_loss", "d_x"]
+        for name, a, b in zip(names, want[:5], got[:5]):
+            for la, lb in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+                np.testing.assert_allclose(np.asarray(lb), np.asarray(la), atol=ATOL, rtol=0, err_msg=f"{tie} {name}")
+        grads_want = jax.tree_util.tree_leaves_with_path(want[5])
+        grads_got = jax.tree.leaves(got[5])
+        assert any("router" in jax.tree_util.keystr(p) for p, _ in grads_want)
+        for (path, a), b in zip(grads_want, grads_got):
+            np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=ATOL, rtol=0,
+                                       err_msg=f"tie={tie} grad {jax.tree_util.keystr(path)}")
+
+
+def test_ep_needs_a_mesh_and_a_dividing_expert_axis():
+    x, (g, u, d) = _weights()
+    e = jnp.zeros((N, K), jnp.int32)
+    w = jnp.ones((N, K), jnp.float32)
+    with pytest.raises(ExpertParallelError, match="jax.set_mesh"):
+        ep_routed_experts(x, e, w, g, u, d)
+    with pytest.raises(ExpertParallelError, match="not divisible"):
+        ep_routed_experts(x, e, w, g[:6], u[:6], d[:6], mesh=make_mesh({"expert": 4, "data": 2}))
+    assert receive_capacity(tokens_per_device=5, top_k=8, experts_per_device=2) == 10
+
+
+@pytest.mark.parametrize("mesh_shape", [None, {"expert": 4, "fsdp": 2}])
+def test_hf_parity_with_ep_on_one_and_eight_devices(tmp_path, mesh_shape):
+    cfg = C.tiny(vocab_size=96, num_hidden_layers=4, full_attention_interval=4)
+    reference = hf_model(cfg, seed=0)
+    path = save_checkpoint(reference, tmp_path / "ckpt", experts="fused", prefix="model.")
+    ids = np.random.RandomState(1).randint(0, 96, size=(2, 45))  # 90 tokens: padded to 96 on 8 shards
+    want = hf_logits(reference, ids)
+    mesh = make_mesh(devices=jax.devices()[:1]) if mesh_shape is None else make_mesh(mesh_shape)
+    model = load_hf(path, mesh=mesh, moe_impl="ep")
+    with jax.set_mesh(mesh):
+        got = nnx.jit(lambda m, t: m(t))(model, ids)
+    np.testing.assert_allclose(np.asarray(got), want, atol=ATOL, rtol=0)
+
+
+_COLLECTIVE = re.compile(r"=\s*(\S.*?)\s+(all-gather|all-reduce|all-to-all|ragged-all-to-all|reduce-scatter|"
+                         r"collective-permute)(?:-start)?\(")
+
+
+def collectives(hlo_text: str) -> list[tuple[str, str]]:
+    """(op, result shape) of every cross-device collective in compiled HLO text."""
+    return sorted((m.group(2), re.sub(r"\{[^}]*\}", "", m.group(1))) for m in _COLLECTIVE.finditer(hlo_text))
