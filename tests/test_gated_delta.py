@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from gated_delta_cases import naive_gated_delta, segments
 
 from kernels.gated_delta import chunked_gated_delta_rule, gated_delta_rule, gated_delta_step, recurrent_gated_delta_rule
 
@@ -38,27 +39,6 @@ def make_inputs(seed, batch=BATCH, time=20, heads=HEADS, key_dim=KEY_DIM, value_
     return {name: x.astype(np.float32) for name, x in inputs.items()}
 
 
-def naive_gated_delta(q, k, v, g, beta, initial_state=None, segment_ids=None):
-    """The recurrence written out per batch, head and token in float64; the ground truth for every test."""
-    q, k, v, g, beta = (np.asarray(x, np.float64) for x in (q, k, v, g, beta))
-    batch, time, heads, key_dim = k.shape
-    out = np.zeros(v.shape)
-    final = np.zeros((batch, heads, key_dim, v.shape[-1]))
-    for b in range(batch):
-        for h in range(heads):
-            state = np.zeros((key_dim, v.shape[-1])) if initial_state is None else np.array(
-                initial_state[b, h], np.float64)
-            for t in range(time):
-                if segment_ids is not None and t > 0 and segment_ids[b, t] != segment_ids[b, t - 1]:
-                    state = np.zeros_like(state)
-                state = np.exp(g[b, t, h]) * state
-                u = beta[b, t, h] * (v[b, t, h] - state.T @ k[b, t, h])
-                state = state + np.outer(k[b, t, h], u)
-                out[b, t, h] = state.T @ q[b, t, h]
-            final[b, h] = state
-    return out, final
-
-
 def run(x, impl, initial_state=None, segment_ids=None, chunk_size=64):
     return _rule(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state_BxHxKxV=initial_state,
                  segment_ids_BxT=segment_ids, impl=impl, chunk_size=chunk_size)
@@ -78,12 +58,6 @@ def test_matches_naive_loop(impl, time, with_initial_state):
     np.testing.assert_allclose(final, want_final, **TOLERANCE)
 
 
-def _segments(lengths_per_row, ids_per_row):
-    rows = [np.concatenate([np.full(n, i) for n, i in zip(lengths, ids)])
-            for lengths, ids in zip(lengths_per_row, ids_per_row)]
-    return np.stack(rows).astype(np.int32)
-
-
 # T = 130, C = 64. Row 0: documents start at 0, 63, 64 (a chunk boundary), 65 and 128 (a chunk boundary, in the last,
 # padded chunk). Row 1: starts at 0, 64 and 128, with id 7 reused for two separate documents.
 PACKED_LENGTHS = [[63, 1, 1, 63, 2], [64, 64, 2]]
@@ -93,7 +67,7 @@ PACKED_IDS = [[0, 1, 2, 3, 4], [7, 3, 7]]
 @pytest.mark.parametrize("impl,chunk_size", [("chunked", 64), ("chunked", 16), ("recurrent", 64)])
 def test_packed_row_equals_documents_run_separately(impl, chunk_size):
     x = make_inputs(1, time=130)
-    segment_ids = _segments(PACKED_LENGTHS, PACKED_IDS)
+    segment_ids = segments(PACKED_LENGTHS, PACKED_IDS)
     out, final = run(x, impl, x["initial_state"], segment_ids, chunk_size)
 
     # Every document becomes its own batch row, starting at position 0 and right-padded to T with g = beta = 0 steps
@@ -142,7 +116,7 @@ def test_strong_decay_keeps_float32_accuracy(impl):
 
 def test_chunked_final_state_equals_recurrent():
     x = make_inputs(2, time=100)
-    segment_ids = _segments([[30, 70], [100]], [[0, 1], [0]])
+    segment_ids = segments([[30, 70], [100]], [[0, 1], [0]])
     chunked_out, chunked_final = run(x, "chunked", x["initial_state"], segment_ids, chunk_size=32)
     recurrent_out, recurrent_final = run(x, "recurrent", x["initial_state"], segment_ids)
     np.testing.assert_allclose(chunked_final, recurrent_final, **TOLERANCE)
@@ -177,7 +151,7 @@ def test_two_halves_equal_the_whole(impl):
 @pytest.mark.parametrize("with_segments", [False, True])
 def test_chunked_gradients_match_recurrent(with_segments):
     x = make_inputs(5, batch=1, time=21, heads=2, key_dim=4, value_dim=4)
-    segment_ids = _segments([[9, 12]], [[0, 1]]) if with_segments else None
+    segment_ids = segments([[9, 12]], [[0, 1]]) if with_segments else None
     rng = np.random.default_rng(6)
     out_weight = rng.normal(size=(1, 21, 2, 4)).astype(np.float32)
     state_weight = rng.normal(size=(1, 2, 4, 4)).astype(np.float32)

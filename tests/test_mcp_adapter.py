@@ -5,6 +5,7 @@ import sys
 import textwrap
 
 import pytest
+from loop_heartbeat import heartbeat
 from mcp.server.mcpserver.exceptions import ToolError
 
 from mercury_jax.chat import parse_assistant, render
@@ -323,16 +324,8 @@ def test_blocking_tool_times_out_while_the_loop_keeps_ticking():
 
     gaps = []
 
-    async def heartbeat():
-        loop = asyncio.get_running_loop()
-        last = loop.time()
-        while True:
-            await asyncio.sleep(0.01)
-            gaps.append(loop.time() - last)
-            last = loop.time()
-
     async def main():
-        beat = asyncio.ensure_future(heartbeat())
+        beat = asyncio.ensure_future(heartbeat(gaps))
         try:
             async with MCPToolbox(build_server([stuck, search_tickets]), call_timeout_s=0.3) as toolbox:
                 tools = await toolbox.list_tools()

@@ -13,6 +13,7 @@ import asyncio
 import numpy as np
 import pytest
 from flax import nnx
+from loop_heartbeat import heartbeat
 
 from mercury_jax.chat import render, render_completion, train_sentencepiece_tokenizer
 from mercury_jax.envs import BehaviourConfig, make_episode, oracle_trajectory, presets
@@ -494,9 +495,6 @@ def test_no_loop_callback_blocks_over_a_realistic_episode_mix(tokenizer, monkeyp
     def factory(task, **options):
         return BlockingEpisode(task, **options) if task["task_id"] == "blocked" else make_episode(task, **options)
 
-    engine = ScriptedEngine(None, num_slots=4)
-    runner = EpisodeRunner(engine, tokenizer, episode_factory=factory, call_timeout_s=0.3)
-    engine.script = oracle_script(tokenizer, tasks + [blocked], runner.request_stride, overrides)
     gaps, callbacks, loop_thread = [], [], []
     run_callback = asyncio.events.Handle._run
 
@@ -509,27 +507,31 @@ def test_no_loop_callback_blocks_over_a_realistic_episode_mix(tokenizer, monkeyp
         finally:
             callbacks.append((time.thread_time() - cpu, repr(getattr(handle._callback, "__self__", handle))[:200]))
 
-    async def heartbeat():
-        loop = asyncio.get_running_loop()
-        last = loop.time()
-        while True:
-            await asyncio.sleep(0.01)
-            gaps.append(loop.time() - last)
-            last = loop.time()
-
-    async def main():
-        beat = asyncio.ensure_future(heartbeat())
+    async def main(runner):
+        beat = asyncio.ensure_future(heartbeat(gaps))
         try:
             return await runner.run_async(tasks + [blocked])
         finally:
             beat.cancel()
 
     loop_thread.append(threading.current_thread())
-    monkeypatch.setattr(asyncio.events.Handle, "_run", timed_callback)
-    trajectories = asyncio.run(main())
-    monkeypatch.undo()
-    assert all(t.reward == 1.0 and t.env_failure is None for t in trajectories[:-1])
-    assert "timed out after 0.3 s" in trajectories[-1].env_failure
-    slowest = max(callbacks)
-    assert len(callbacks) > 500 and slowest[0] < 0.1, slowest
-    assert len(gaps) > 20 and max(gaps) < 0.1, sorted(gaps)[-5:]
+    # The gaps are wall time, so another process holding both cores can stretch one past 0.1 s: the mix runs up to
+    # twice and passes when one run has no such gap. A callback that really blocks the loop stalls every run.
+    worst_gaps = []
+    for _ in range(2):
+        gaps.clear()
+        engine = ScriptedEngine(None, num_slots=4)
+        runner = EpisodeRunner(engine, tokenizer, episode_factory=factory, call_timeout_s=0.3)
+        engine.script = oracle_script(tokenizer, tasks + [blocked], runner.request_stride, overrides)
+        monkeypatch.setattr(asyncio.events.Handle, "_run", timed_callback)
+        trajectories = asyncio.run(main(runner))
+        monkeypatch.undo()
+        assert all(t.reward == 1.0 and t.env_failure is None for t in trajectories[:-1])
+        assert "timed out after 0.3 s" in trajectories[-1].env_failure
+        slowest = max(callbacks)
+        assert len(callbacks) > 500 and slowest[0] < 0.1, slowest
+        assert len(gaps) > 20
+        worst_gaps.append(sorted(gaps)[-5:])
+        if max(gaps) < 0.1:
+            break
+    assert max(worst_gaps[-1]) < 0.1, worst_gaps
