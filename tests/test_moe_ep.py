@@ -6,6 +6,7 @@ routed sum's additions (and, with a 'tensor' split, of the I-dim contraction) di
 """
 from __future__ import annotations
 
+import math
 import re
 
 import jax
@@ -14,8 +15,10 @@ import numpy as np
 import pytest
 from flax import nnx
 from hf_reference import hf_logits, hf_model, save_checkpoint
+from jax.sharding import NamedSharding, PartitionSpec
 
 from mercury_jax.parallel import make_mesh, shard_params
+from mercury_jax.parallel.sharding import variable_sharding
 from models.qwen35_moe import config as C
 from models.qwen35_moe.hf import load_hf
 from models.qwen35_moe.moe import SparseMoe, load_balancing_loss, routed_experts
@@ -149,6 +152,62 @@ def test_hf_parity_with_ep_on_one_and_eight_devices(tmp_path, mesh_shape):
     with jax.set_mesh(mesh):
         got = nnx.jit(lambda m, t: m(t))(model, ids)
     np.testing.assert_allclose(np.asarray(got), want, atol=ATOL, rtol=0)
+
+
+def _compiled_layer_hlo(devices, mesh_shape, batch, seq, moe_impl="ep"):
+    """Compiled HLO text of one MoE layer's forward + backward (expert-sharded params, tokens over the mesh)."""
+    mesh = make_mesh(mesh_shape, devices=devices)
+    cfg = C.tiny(hidden_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=16,
+                 moe_impl=moe_impl)
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: SparseMoe(cfg, rngs=nnx.Rngs(0))))
+    flat = nnx.to_flat_state(state)
+    params = [jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=variable_sharding(p, v, mesh)) for p, v in flat]
+    x = jax.ShapeDtypeStruct((batch, seq, 64), jnp.float32,
+                             sharding=NamedSharding(mesh, PartitionSpec(("data", "fsdp", "expert"))))
+
+    def loss(arrays, x_BxTxH):
+        moe = nnx.merge(graphdef, nnx.from_flat_state([(p, v.replace(a)) for (p, v), a in zip(flat, arrays)]))
+        out, aux = moe(x_BxTxH)
+        return jnp.sum(out ** 2) + jnp.sum(aux["expert_counts_E"] * aux["router_prob_sum_E"])
+
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)),
+                   out_shardings=(None, ([p.sharding for p in params], x.sharding)))
+    with jax.set_mesh(mesh):
+        return step.lower(params, x).compile().as_text()
+
+
+def _tpu_devices():
+    try:
+        import libtpu  # noqa: F401
+        from jax.experimental import topologies
+        return topologies.get_topology_desc(platform="tpu", topology_name="v5p:2x2x2").devices
+    except Exception as error:  # noqa: BLE001 (any failure to load the TPU compiler means: skip)
+        pytest.skip(f"libtpu not importable ({type(error).__name__}); run with PYTHONPATH=<dir with libtpu>")
+
+
+@pytest.mark.parametrize("platform", ["cpu", "tpu"])
+def test_compiled_hlo_dispatches_by_all_to_all_without_global_collectives(platform, moe_impl="ep"):
+    """4 chips (expert=2, fsdp=2) vs 8 chips (expert=2, fsdp=4) at 12 tokens per chip: the dispatch is an
+    all-to-all (ragged on TPU) of identical shape, no all-gather yields all E experts, and no collective of the
+    8-chip program has a size that is a multiple of its global token count (96) unless the same shape already
+    appears in the 4-chip program (half the global tokens): nothing scales with the global batch."""
+    devices = _tpu_devices() if platform == "tpu" else jax.devices()
+    small = collectives(_compiled_layer_hlo(devices[:4], {"expert": 2, "fsdp": 2}, 4, 12, moe_impl))
+    large = collectives(_compiled_layer_hlo(devices, {"expert": 2, "fsdp": 4}, 8, 12, moe_impl))
+    dispatch_op = "ragged-all-to-all" if platform == "tpu" else "all-to-all"
+    dispatch_large, dispatch_small = ([c for c in cs if c[0] == dispatch_op and "f32" in c[1]] for cs in (large, small))
+    assert dispatch_large, f"no float {dispatch_op} in the compiled program: {large}"
+    assert dispatch_large == dispatch_small, "the dispatch buffers must not grow with the global token count"
+    num_experts, global_tokens = 16, 8 * 12
+    small_shapes = {shape for _, shape in small}
+    for op, shape in large:
+        for dims in re.findall(r"\[([\d,]*)\]", shape):
+            dims = [int(d) for d in dims.split(",") if d]
+            assert not (op == "all-gather" and len(dims) == 3 and dims[0] == num_experts), \
+                f"all-gather of every expert's weights: {op} {shape}"
+            size = math.prod(dims)
+            assert size % global_tokens or shape in small_shapes or size < global_tokens, \
+                f"{op} {shape} scales with the global token count {global_tokens}"
 
 
 _COLLECTIVE = re.compile(r"=\s*(\S.*?)\s+(all-gather|all-reduce|all-to-all|ragged-all-to-all|reduce-scatter|"

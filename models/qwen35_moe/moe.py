@@ -6,8 +6,8 @@
 Dropless: the N*k (token, expert) pairs are sorted by expert and multiplied with `jax.lax.ragged_dot` (a grouped
 matmul, no capacity, no padding to a capacity), then unsorted and summed. Aux statistics for the Switch
 load-balancing loss are returned so a caller can combine them across layers exactly as HF does.
-moe_impl "ep" runs the same routed sum expert-parallel under shard_map over the context mesh (moe_ep.py); the router,
-top-k, shared expert and aux statistics stay here, token-parallel under GSPMD, so their sums are whole-batch.
+moe_impl "ep" runs the routing and the routed sum expert-parallel under shard_map over the context mesh (moe_ep.py),
+token-local, with the aux statistics summed over all shards (whole-batch, as HF); the shared expert stays here.
 """
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models.qwen35_moe.config import Qwen35MoeConfig
-from models.qwen35_moe.moe_ep import ep_routed_experts
+from models.qwen35_moe.moe_ep import ep_moe
 from models.qwen35_moe.params import cast, make_param, normal_init
+from models.qwen35_moe.routing import route
 
 
 class SparseMoe(nnx.Module):
@@ -40,21 +41,20 @@ class SparseMoe(nnx.Module):
         dt = x_BxTxH.dtype
         B, T, H = x_BxTxH.shape
         x_NxH = x_BxTxH.reshape(B * T, H)
-        router_logits_NxE = x_NxH @ cast(self.router, dt)
-        probs_NxE = jax.nn.softmax(router_logits_NxE.astype(jnp.float32), axis=-1)
-        top_w_NxK, top_e_NxK = jax.lax.top_k(probs_NxE, cfg.num_experts_per_tok)
-        top_w_NxK = (top_w_NxK / jnp.sum(top_w_NxK, axis=-1, keepdims=True)).astype(dt)
-
-        routed = {"dense": dense_experts, "ep": ep_routed_experts}.get(cfg.moe_impl, routed_experts)
-        routed_NxH = routed(x_NxH, top_e_NxK, top_w_NxK, cast(self.expert_gate, dt), cast(self.expert_up, dt),
-                            cast(self.expert_down, dt))
+        experts = (cast(self.expert_gate, dt), cast(self.expert_up, dt), cast(self.expert_down, dt))
+        if cfg.moe_impl == "ep":
+            routed_NxH, aux = ep_moe(x_NxH, cast(self.router, dt), *experts, top_k=cfg.num_experts_per_tok)
+        else:
+            probs_NxE, top_w_NxK, top_e_NxK = route(x_NxH, cast(self.router, dt), cfg.num_experts_per_tok)
+            routed = dense_experts if cfg.moe_impl == "dense" else routed_experts
+            routed_NxH = routed(x_NxH, top_e_NxK, top_w_NxK, *experts)
+            aux = {
+                "expert_counts_E": jnp.zeros((cfg.num_experts,), jnp.float32).at[top_e_NxK.reshape(-1)].add(1.0),
+                "router_prob_sum_E": jnp.sum(probs_NxE, axis=0),
+            }
         shared_NxH = (jax.nn.silu(x_NxH @ cast(self.shared_gate_proj, dt)) * (x_NxH @ cast(self.shared_up_proj, dt))
                       ) @ cast(self.shared_down_proj, dt)
         shared_NxH = jax.nn.sigmoid(x_NxH @ cast(self.shared_expert_gate, dt)) * shared_NxH
-        aux = {
-            "expert_counts_E": jnp.zeros((cfg.num_experts,), jnp.float32).at[top_e_NxK.reshape(-1)].add(1.0),
-            "router_prob_sum_E": jnp.sum(probs_NxE, axis=0),
-        }
         return (routed_NxH + shared_NxH).reshape(B, T, H), aux
 
 

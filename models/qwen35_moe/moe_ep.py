@@ -2,8 +2,10 @@
 
 Computes exactly `moe.routed_experts` (out[n] = sum_k w[n, k] * Expert_{e[n, k]}(x[n]), dropless), distributed:
 
-  1. tokens are split over the mesh axes ('data', 'fsdp', 'expert'); each device sorts its own n*K (token, expert)
-     pairs by expert, which is also by owner device (expert e lives on expert-rank e // E_local);
+  1. tokens are split over the mesh axes ('data', 'fsdp', 'expert'; a token count that does not divide is padded
+     with tokens that pick no expert); each device routes its own tokens (`ep_moe`: router, softmax, top-k) and
+     sorts its n*K (token, expert) pairs by expert, which is also by owner device (expert e lives on expert-rank
+     e // E_local);
   2. the pair counts are exchanged (all_to_all of an [P, E_local] int matrix, P = expert-axis size) and the token
      rows are sent to the owners (dispatch, below);
   3. each device re-sorts what it received by local expert and runs its E_local experts with `ragged_dot`;
@@ -29,13 +31,16 @@ Mesh: the caller's mesh context (`with jax.set_mesh(mesh):`, the mesh the parame
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from mercury_jax.parallel.mesh import MESH_AXES
+from models.qwen35_moe.routing import route
 
 TOKEN_AXES = ("data", "fsdp", "expert")
 EXPERT_AXIS = "expert"
@@ -47,40 +52,88 @@ class ExpertParallelError(ValueError):
     """moe_impl='ep' cannot run with the given mesh or shapes; the message says why and how to fix it."""
 
 
+def ep_moe(x_NxH: jax.Array, router_HxE: jax.Array, gate_ExHxI: jax.Array, up_ExHxI: jax.Array,
+           down_ExIxH: jax.Array, *, top_k: int, mesh=None, dispatch: str = "auto") -> tuple[jax.Array, dict]:
+    """Routing (`routing.route`) and the routed experts, token-local on each device, experts over 'expert'.
+
+    Returns (routed [N, H], aux) with aux = {expert_counts_E, router_prob_sum_E} summed over all N tokens (each
+    device returns its partial [E] sums; the [devices, E] stack is summed outside the shard_map, a collective of
+    size devices x E, never tokens)."""
+    E = gate_ExHxI.shape[0]
+    ctx = _Context.build(mesh, E, gate_ExHxI.shape[2], dispatch)
+    N = x_NxH.shape[0]
+    x_NxH, valid_N = ctx.pad(x_NxH), ctx.pad(jnp.ones((N,), jnp.float32))
+
+    def local(x_nxH, valid_n, router_HxE, gate, up, down):
+        probs_nxE, weight_nxK, expert_nxK = route(x_nxH, router_HxE, top_k)
+        expert_nxK = jnp.where(valid_n[:, None] > 0, expert_nxK, E)  # padded tokens pick no expert
+        out_nxH = _local_ep(x_nxH, expert_nxK, weight_nxK, gate, up, down, num_experts=E, ctx=ctx)
+        counts_E = jnp.zeros((E,), jnp.float32).at[expert_nxK.reshape(-1)].add(1.0, mode="drop")
+        prob_sum_E = jnp.sum(probs_nxE * valid_n[:, None], axis=0)
+        return out_nxH, counts_E[None], prob_sum_E[None]
+
+    tok, stat = ctx.token_spec, P(ctx.token_axes or None, None)
+    out_NxH, counts_DxE, prob_sum_DxE = jax.shard_map(
+        local, mesh=ctx.mesh,
+        in_specs=(tok, P(ctx.token_axes or None), P(), *ctx.expert_specs),
+        out_specs=(tok, stat, stat), check_vma=False,
+    )(x_NxH, valid_N, router_HxE, gate_ExHxI, up_ExHxI, down_ExIxH)
+    aux = {"expert_counts_E": jnp.sum(counts_DxE, axis=0), "router_prob_sum_E": jnp.sum(prob_sum_DxE, axis=0)}
+    return out_NxH[:N], aux
+
+
 def ep_routed_experts(x_NxH: jax.Array, expert_NxK: jax.Array, weight_NxK: jax.Array, gate_ExHxI: jax.Array,
                       up_ExHxI: jax.Array, down_ExIxH: jax.Array, *, mesh=None, dispatch: str = "auto") -> jax.Array:
-    """`moe.routed_experts` with experts sharded over the 'expert' mesh axis (see the module docstring)."""
-    mesh = _resolve_mesh(mesh)
-    N, K = expert_NxK.shape
-    E, H, I = gate_ExHxI.shape
-    ep_size = mesh.shape.get(EXPERT_AXIS, 1)
-    if E % ep_size:
-        raise ExpertParallelError(f"num_experts {E} is not divisible by the mesh's '{EXPERT_AXIS}' axis of size "
-                                  f"{ep_size}; choose an expert-axis size that divides {E}")
-    dispatch = _resolve_dispatch(dispatch, mesh)
-    token_axes = tuple(a for a in TOKEN_AXES if a in mesh.shape)
-    n_shards = 1
-    for a in token_axes:
-        n_shards *= mesh.shape[a]
-    tp = TENSOR_AXIS if mesh.shape.get(TENSOR_AXIS, 1) > 1 and I % mesh.shape[TENSOR_AXIS] == 0 else None
-    ep = EXPERT_AXIS if ep_size > 1 else None
+    """`moe.routed_experts` (routing given) with experts sharded over the 'expert' mesh axis."""
+    E = gate_ExHxI.shape[0]
+    ctx = _Context.build(mesh, E, gate_ExHxI.shape[2], dispatch)
+    N = x_NxH.shape[0]
+    # padded tokens pick the out-of-range expert E, which sorts last and is never sent
+    x_NxH, expert_NxK, weight_NxK = ctx.pad(x_NxH), ctx.pad(expert_NxK, E), ctx.pad(weight_NxK)
+    local = functools.partial(_local_ep, num_experts=E, ctx=ctx)
+    tok = ctx.token_spec
+    out_NxH = jax.shard_map(local, mesh=ctx.mesh, in_specs=(tok, tok, tok, *ctx.expert_specs), out_specs=tok,
+                            check_vma=False)(x_NxH, expert_NxK, weight_NxK, gate_ExHxI, up_ExHxI, down_ExIxH)
+    return out_NxH[:N]
 
-    # pad the token count to a multiple of the token shards; padded tokens pick the out-of-range expert E, which
-    # sorts last and is never sent
-    pad = (-N) % n_shards
-    if pad:
-        x_NxH = jnp.pad(x_NxH, ((0, pad), (0, 0)))
-        expert_NxK = jnp.pad(expert_NxK, ((0, pad), (0, 0)), constant_values=E)
-        weight_NxK = jnp.pad(weight_NxK, ((0, pad), (0, 0)))
 
-    tok = P(token_axes or None, None)
-    local = functools.partial(_local_ep, num_experts=E, ep=ep, ep_size=ep_size, tp=tp, dispatch=dispatch)
-    out_NxH = jax.shard_map(
-        local, mesh=mesh,
-        in_specs=(tok, tok, tok, P(ep, None, tp), P(ep, None, tp), P(ep, tp, None)),
-        out_specs=tok, check_vma=False,
-    )(x_NxH, expert_NxK, weight_NxK, gate_ExHxI, up_ExHxI, down_ExIxH)
-    return out_NxH[:N] if pad else out_NxH
+@dataclasses.dataclass(frozen=True)
+class _Context:
+    """The mesh and what it implies: token axes, expert / tensor axes in use, the dispatch."""
+    mesh: object
+    token_axes: tuple[str, ...]
+    n_token_shards: int
+    ep: str | None
+    ep_size: int
+    tp: str | None
+    dispatch: str
+
+    @staticmethod
+    def build(mesh, num_experts: int, intermediate: int, dispatch: str) -> _Context:
+        mesh = _resolve_mesh(mesh)
+        ep_size = mesh.shape.get(EXPERT_AXIS, 1)
+        if num_experts % ep_size:
+            raise ExpertParallelError(f"num_experts {num_experts} is not divisible by the mesh's '{EXPERT_AXIS}' "
+                                      f"axis of size {ep_size}; choose an expert-axis size that divides it")
+        token_axes = tuple(a for a in TOKEN_AXES if a in mesh.shape)
+        tp_size = mesh.shape.get(TENSOR_AXIS, 1)
+        return _Context(mesh=mesh, token_axes=token_axes, n_token_shards=math.prod(mesh.shape[a] for a in token_axes),
+                        ep=EXPERT_AXIS if ep_size > 1 else None, ep_size=ep_size,
+                        tp=TENSOR_AXIS if tp_size > 1 and intermediate % tp_size == 0 else None,
+                        dispatch=_resolve_dispatch(dispatch, mesh))
+
+    @property
+    def token_spec(self) -> P:
+        return P(self.token_axes or None, None)
+
+    @property
+    def expert_specs(self) -> tuple[P, P, P]:
+        return P(self.ep, None, self.tp), P(self.ep, None, self.tp), P(self.ep, self.tp, None)
+
+    def pad(self, a: jax.Array, value=0) -> jax.Array:
+        """Pad the token (first) dim to a multiple of the token shards."""
+        pad = (-a.shape[0]) % self.n_token_shards
+        return jnp.pad(a, ((0, pad),) + ((0, 0),) * (a.ndim - 1), constant_values=value) if pad else a
 
 
 def receive_capacity(tokens_per_device: int, top_k: int, experts_per_device: int) -> int:
@@ -88,8 +141,9 @@ def receive_capacity(tokens_per_device: int, top_k: int, experts_per_device: int
     return tokens_per_device * min(top_k, experts_per_device)
 
 
-def _local_ep(x_nxH, expert_nxK, weight_nxK, gate_ExHxI, up_ExHxI, down_ExIxH, *, num_experts, ep, ep_size, tp,
-              dispatch):
+def _local_ep(x_nxH, expert_nxK, weight_nxK, gate_ExHxI, up_ExHxI, down_ExIxH, *, num_experts, ctx):
+    """One device's routed sum for its n tokens; expert ids >= num_experts mean 'no expert' (padding)."""
+    ep, ep_size, tp = ctx.ep, ctx.ep_size, ctx.tp
     n, K = expert_nxK.shape
     M, H = n * K, x_nxH.shape[1]
     E_local = gate_ExHxI.shape[0]
@@ -102,7 +156,7 @@ def _local_ep(x_nxH, expert_nxK, weight_nxK, gate_ExHxI, up_ExHxI, down_ExIxH, *
         y_sorted_MxH = _grouped_swiglu(x_sorted_MxH, counts_E, gate_ExHxI, up_ExHxI, down_ExIxH)
     else:
         y_sorted_MxH = _exchange_and_compute(x_sorted_MxH, counts_E.reshape(ep_size, E_local), gate_ExHxI, up_ExHxI,
-                                             down_ExIxH, n=n, K=K, ep=ep, ep_size=ep_size, dispatch=dispatch)
+                                             down_ExIxH, n=n, K=K, ep=ep, ep_size=ep_size, dispatch=ctx.dispatch)
     y_MxH = jnp.zeros((M, H), y_sorted_MxH.dtype).at[order_M].set(y_sorted_MxH)
     out_nxH = jnp.einsum("nkh,nk->nh", y_MxH.reshape(n, K, H), weight_nxK)
     return jax.lax.psum(out_nxH, tp) if tp else out_nxH
