@@ -102,8 +102,8 @@ def test_sparse_moe_ep_matches_ragged_layer_with_aux_and_router_gradients(mesh_s
     mesh = make_mesh(mesh_shape)
     cfg = C.tiny(hidden_size=16, moe_intermediate_size=8, shared_expert_intermediate_size=8)
     r = np.random.RandomState(3)
-    x = jnp.asarray(r.randn(2, 12, 16), jnp.float32)
-    probe = jnp.asarray(r.randn(2, 12, 16), jnp.float32)
+    x = jnp.asarray(r.randn(2, 11, 16), jnp.float32)  # 22 tokens: padded to 24 on 8 shards, aux must ignore pads
+    probe = jnp.asarray(r.randn(2, 11, 16), jnp.float32)
     for tie in (False, True):
         reference = SparseMoe(cfg, rngs=nnx.Rngs(0))
         ep = SparseMoe(C.tiny(hidden_size=16, moe_intermediate_size=8, shared_expert_intermediate_size=8,
