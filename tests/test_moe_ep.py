@@ -6,6 +6,7 @@ routed sum's additions (and, with a 'tensor' split, of the I-dim contraction) di
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -57,9 +58,28 @@ def _loss(routed, expert_NxK):
     return jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4))
 
 
-@pytest.mark.parametrize("mesh_name", list(MESHES) + ["one_device"])
-def test_ep_routed_experts_match_single_device_values_and_gradients(mesh_name):
-    mesh = make_mesh(devices=jax.devices()[:1]) if mesh_name == "one_device" else make_mesh(MESHES[mesh_name])
+def emulated_ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *,
+                               axis_name):
+    """`jax.lax.ragged_all_to_all` by its documented semantics, from a dense all_to_all (XLA:CPU lacks the op):
+    rows operand[input_offsets[j] : + send_sizes[j]] go to device j, landing at output[output_offsets[j] : ...] there;
+    recv_sizes[s] rows arrive from device s. Lets the CPU mesh check our offset arithmetic of the ragged dispatch."""
+    rows = operand.shape[0]
+    index_PxR = input_offsets[:, None] + jnp.arange(rows)[None, :]
+    send_PxRxH = operand[jnp.clip(index_PxR, 0, rows - 1)]
+    recv_PxRxH = jax.lax.all_to_all(send_PxRxH, axis_name, 0, 0, tiled=False)
+    offsets_from_P = jax.lax.all_to_all(output_offsets, axis_name, 0, 0, tiled=True)  # where source s writes in me
+    valid_PxR = jnp.arange(rows)[None, :] < recv_sizes[:, None]
+    target_PxR = jnp.where(valid_PxR, offsets_from_P[:, None] + jnp.arange(rows)[None, :], output.shape[0])
+    return output.at[target_PxR.reshape(-1)].set(recv_PxRxH.reshape(-1, *operand.shape[1:]), mode="drop")
+
+
+@pytest.mark.parametrize("mesh_name", list(MESHES) + ["expert4_data2_ragged_emulated"])
+def test_ep_routed_experts_match_single_device_values_and_gradients(mesh_name, monkeypatch):
+    mesh = make_mesh(MESHES[mesh_name.removesuffix("_ragged_emulated")])
+    dispatch = "auto"
+    if mesh_name.endswith("_ragged_emulated"):
+        monkeypatch.setattr(jax.lax, "ragged_all_to_all", emulated_ragged_all_to_all)
+        dispatch = "ragged"
     x, experts = _weights()
     routings = _routings()
     weights = {name: jnp.asarray(np.random.RandomState(2).rand(N, e.shape[1]), jnp.float32)
@@ -70,7 +90,7 @@ def test_ep_routed_experts_match_single_device_values_and_gradients(mesh_name):
 
     expected = jax.jit(lambda: all_cases(routed_experts))()
     with jax.set_mesh(mesh):
-        got = jax.jit(lambda: all_cases(ep_routed_experts))()
+        got = jax.jit(lambda: all_cases(functools.partial(ep_routed_experts, dispatch=dispatch)))()
     for name in routings:
         want_leaves, got_leaves = jax.tree.leaves(expected[name]), jax.tree.leaves(got[name])
         for what, want, have in zip(["loss", "d_x", "d_weight", "d_gate", "d_up", "d_down"], want_leaves,
