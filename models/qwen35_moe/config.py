@@ -75,7 +75,7 @@ class Qwen35MoeConfig:
     # "chunked" until the model wraps the Pallas call in shard_map for meshes; "auto" picks Pallas on TPU
     gdn_impl: str = "chunked"
     gdn_chunk_size: int = 64
-    moe_impl: str = "ragged"  # "ragged": sort + ragged_dot (dropless, E-independent cost); "dense": all experts
+    moe_impl: str = "ragged"  # "ragged": sort + ragged_dot; "dense": all experts; "ep": expert parallel (moe_ep.py)
 
     def __post_init__(self):
         if self.layer_types is None:
