@@ -6,7 +6,7 @@ forward+backward for `--topology` (default v5p:2x2x2, 8 chips), with the batch s
 and whether the compiled HLO holds the Mosaic custom calls. Needs libtpu (not a runtime dependency):
 
     pip install --target /work/libtpu_pkgs "libtpu==0.0.42.*"      # the version jax 0.10 pins
-    PYTHONPATH=/work/libtpu_pkgs python -m mercury_jax.bench.gated_delta_aot --batch 8 --seq 1024 --heads 32
+    PYTHONPATH=<libtpu dir> python -m mercury_jax.bench.gated_delta_aot --batch 8 --seq 1024 --heads 32
 """
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def main():
     table = markdown_table(headers, rows)
     print(table)
     if args.write:
-        command = (f"PYTHONPATH=/work/libtpu_pkgs python -m mercury_jax.bench.gated_delta_aot --topology "
+        command = (f"PYTHONPATH=<libtpu dir> python -m mercury_jax.bench.gated_delta_aot --topology "
                    f"{args.topology} --batch {args.batch} --seq {args.seq} --heads {args.heads} --key-dim "
                    f"{args.key_dim} --value-dim {args.value_dim} --chunk {args.chunk} --dtype {args.dtype}"
                    + (" --no-segments" if args.no_segments else "") + " --write")
