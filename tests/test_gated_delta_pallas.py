@@ -160,7 +160,7 @@ def test_mosaic_chunk_size_must_be_a_multiple_of_8():
 
 def test_mosaic_compiles_for_v5p_when_libtpu_is_installed():
     """Forward and forward+backward lower through Mosaic and compile for v5p ahead of time (small shapes, K = V = 128,
-    bf16, segments). Skipped without libtpu; run with PYTHONPATH=/work/libtpu_pkgs (see bench/gated_delta_aot.py)."""
+    bf16, segments). Skipped without libtpu; run with PYTHONPATH=<libtpu dir> (see bench/gated_delta_aot.py)."""
     import importlib.util
     if importlib.util.find_spec("libtpu") is None:
         pytest.skip("libtpu is not installed (pip install --target DIR 'libtpu==0.0.42.*'; PYTHONPATH=DIR)")

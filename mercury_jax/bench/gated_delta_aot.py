@@ -5,7 +5,7 @@ forward+backward for `--topology` (default v5p:2x2x2, 8 chips), with the batch s
 `shard_map` (each chip runs the kernel on its own rows). Reports compile time, `compiled.memory_analysis()` per chip
 and whether the compiled HLO holds the Mosaic custom calls. Needs libtpu (not a runtime dependency):
 
-    pip install --target /work/libtpu_pkgs "libtpu==0.0.42.*"      # the version jax 0.10 pins
+    pip install --target LIBTPU_DIR "libtpu==0.0.42.*"      # the version jax 0.10 pins
     PYTHONPATH=<libtpu dir> python -m mercury_jax.bench.gated_delta_aot --batch 8 --seq 1024 --heads 32
 """
 from __future__ import annotations
