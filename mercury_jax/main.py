@@ -19,6 +19,7 @@ from ml_collections import config_flags
 
 from mercury_jax.export import save_run_config  # workdir/config.json: lets `mercury_jax.export` rebuild the model
 from mercury_jax.train import preemption  # SIGTERM: checkpoint the current step, then exit 143
+from mercury_jax.train.environment import record_environment  # package versions of each start
 from mercury_jax.train.pipelines import PIPELINES
 from mercury_jax.train.resume import check_run_config  # a rerun resumes: it must be the same run
 from mercury_jax.train.validate import validate_config
@@ -59,6 +60,7 @@ def main(argv):
           flush=True)
     check_run_config(workdir, config, force=_RESUME_FORCE_CONFIG.value)
     save_run_config(config, workdir)
+    record_environment(workdir)
     preemption.install()
     PIPELINES[config.pipeline](config, workdir)
 

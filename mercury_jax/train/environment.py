@@ -1,0 +1,44 @@
+"""The software a run ran on, written next to its config: `WORKDIR/environment.json` (one entry per start, so a
+resumed run shows each environment it ran in). Results of the tiny demos depend on these versions through the
+numerics of a short warm start; a run that cannot be reproduced starts the search here."""
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+import jax
+
+PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml_dtypes", "sentencepiece", "tiktoken",
+            "mcp", "bm25s", "grain", "ml-collections", "safetensors")
+ENVIRONMENT_FILE = "environment.json"
+
+
+def environment() -> dict:
+    """Python, platform, JAX backend and devices, and the installed version of each of `PACKAGES` (None if absent)."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "python": sys.version.split()[0],
+            "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "backend": jax.default_backend(), "devices": jax.device_count(), "packages": versions}
+
+
+def record_environment(workdir: str | Path) -> Path:
+    """Append this start's `environment()` to `WORKDIR/environment.json` (process 0 only); returns the path."""
+    path = Path(workdir) / ENVIRONMENT_FILE
+    if jax.process_index() != 0:
+        return path
+    runs = json.loads(path.read_text()) if path.exists() else []
+    runs.append(environment())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(runs, indent=1) + "\n")
+    tmp.replace(path)
+    return path
