@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from gated_delta_cases import make_inputs as shared_inputs
 from gated_delta_cases import naive_gated_delta, segments
 
 from kernels.gated_delta import chunked_gated_delta_rule, gated_delta_rule, gated_delta_step, recurrent_gated_delta_rule
@@ -22,21 +23,8 @@ _step = jax.jit(gated_delta_step)
 
 
 def make_inputs(seed, batch=BATCH, time=20, heads=HEADS, key_dim=KEY_DIM, value_dim=VALUE_DIM):
-    """Random float32 inputs honouring the contract: unit q and k, q scaled by K^-0.5, g <= 0, beta in (0, 1).
-
-    g is uniform in [-2, 0] with ~10% of entries at -20 (near-total forgetting, exp underflows across a chunk).
-    """
-    rng = np.random.default_rng(seed)
-    q = rng.normal(size=(batch, time, heads, key_dim))
-    k = rng.normal(size=(batch, time, heads, key_dim))
-    q = q / np.linalg.norm(q, axis=-1, keepdims=True) * key_dim ** -0.5
-    k = k / np.linalg.norm(k, axis=-1, keepdims=True)
-    g = rng.uniform(-2.0, 0.0, size=(batch, time, heads))
-    g[rng.random(g.shape) < 0.1] = -20.0
-    inputs = dict(q=q, k=k, v=rng.normal(size=(batch, time, heads, value_dim)), g=g,
-                  beta=rng.uniform(0.02, 0.98, size=(batch, time, heads)),
-                  initial_state=rng.normal(size=(batch, heads, key_dim, value_dim)))
-    return {name: x.astype(np.float32) for name, x in inputs.items()}
+    """`gated_delta_cases.make_inputs` with this file's default shapes."""
+    return shared_inputs(seed, batch, time, heads, key_dim, value_dim)
 
 
 def run(x, impl, initial_state=None, segment_ids=None, chunk_size=64):
