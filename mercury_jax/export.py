@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 from pathlib import Path
 
 import jax
@@ -38,14 +39,10 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from mercury_jax.chat import BUILTIN_CHAT_TEMPLATE, SentencePieceTokenizer, qwen35_tokenizer
+from mercury_jax.train.rundir import POLICY_ARRAYS, STAGES, RunDir
 from mercury_jax.train.setup import build_model
 from models.qwen35_moe import Qwen35MoeConfig, Qwen35MoeForCausalLM, save_hf
 
-RUN_CONFIG = "config.json"
-STAGES = ("sao", "sft", "grpo")
-# The policy's arrays inside each stage's checkpoint (`Checkpointer.save(step, arrays, meta)`).
-POLICY_SUBTREES = {"sao": (("actor", "params"), ("actor", "frozen")), "sft": (("params",), ("frozen",)),
-                   "grpo": (("actor", "params"), ("actor", "frozen"))}
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
                       "special_tokens_map.json", "generation_config.json")
 
@@ -54,22 +51,19 @@ class ExportError(ValueError):
     """The run directory lacks what the export needs; the message says what and how to get it."""
 
 
-def save_run_config(config: ml_collections.ConfigDict, workdir: str | Path) -> Path:
+def save_run_config(config: ml_collections.ConfigDict, workdir: str | Path):
     """Write the run's config to `workdir/config.json` (process 0 only), for tools that rebuild the run's model."""
-    path = Path(workdir) / RUN_CONFIG
-    if jax.process_index() == 0:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
-    return path
+    return RunDir(workdir).write_config(config)
 
 
 def load_run_config(workdir: str | Path) -> ml_collections.ConfigDict:
-    path = Path(workdir) / RUN_CONFIG
+    run = RunDir(workdir)
+    path = run.config
     if not path.exists():
         raise ExportError(f"{path} does not exist: runs started by `python -m mercury_jax.main` write it; for an older "
                           f"run write it with mercury_jax.export.save_run_config(config, {str(workdir)!r}) using the "
                           f"run's experiment config and overrides")
-    return ml_collections.ConfigDict(json.loads(path.read_text()))
+    return run.read_config()
 
 
 def checkpoint_steps(checkpoint_dir: str | Path) -> list[int]:
@@ -84,7 +78,7 @@ def run_tokenizer_file(config: ml_collections.ConfigDict, workdir: str | Path) -
     """The SentencePiece model a run trained (None for the Qwen3.5 BPE)."""
     if config.tokenizer.kind != "sentencepiece":
         return None
-    directory = Path(workdir) / "tokenizer"
+    directory = Path(os.fspath(RunDir(workdir).tokenizer))
     files = sorted(directory.glob(f"spm-{config.tokenizer.vocab_size}-*.model"), key=lambda p: p.stat().st_mtime)
     if not files:
         raise ExportError(f"no SentencePiece model spm-{config.tokenizer.vocab_size}-*.model in {directory}; the run "
@@ -175,10 +169,10 @@ def restore_policy(workdir: str | Path, *, step: int | None = None, stage: str |
     stage = stage or config.pipeline
     if stage not in STAGES:
         raise ExportError(f"stage {stage!r} is not one of {STAGES}")
-    checkpoint_dir = workdir / stage / "checkpoints"
+    checkpoint_dir = RunDir(workdir).stage(stage).checkpoints
     steps = checkpoint_steps(checkpoint_dir)
     if not steps:
-        others = {s: checkpoint_steps(workdir / s / "checkpoints") for s in STAGES if s != stage}
+        others = {s: checkpoint_steps(RunDir(workdir).stage(s).checkpoints) for s in STAGES if s != stage}
         hint = "; ".join(f"{s} has steps {v} (pass --stage {s})" for s, v in others.items() if v)
         raise ExportError(f"no {stage} checkpoint in {checkpoint_dir}" + (f"; {hint}" if hint else
                           "; the run has not saved one yet (checkpoint.every) or the workdir is wrong"))
@@ -192,7 +186,7 @@ def restore_policy(workdir: str | Path, *, step: int | None = None, stage: str |
     flat = nnx.to_flat_state(abstract_state)
     arrays_dir = checkpoint_dir / str(step) / "arrays"
     by_path = {}
-    for keys in POLICY_SUBTREES[stage]:
+    for keys in POLICY_ARRAYS[stage]:
         by_path.update(read_checkpoint_arrays(arrays_dir, keys))
     for path, variable in flat:
         name = tuple(str(k) for k in path)

@@ -17,11 +17,11 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from mercury_jax.export import save_run_config  # workdir/config.json: lets `mercury_jax.export` rebuild the model
 from mercury_jax.train import preemption  # SIGTERM: checkpoint the current step, then exit 143
 from mercury_jax.train.environment import record_environment  # package versions of each start
 from mercury_jax.train.pipelines import PIPELINES
 from mercury_jax.train.resume import check_run_config  # a rerun resumes: it must be the same run
+from mercury_jax.train.rundir import RunDir
 from mercury_jax.train.validate import validate_config
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file, e.g. experiments/sao.py:tiny",
@@ -53,16 +53,16 @@ def main(argv):
         jax.distributed.initialize()
 
     workdir = _WORKDIR.value or os.path.join("runs", f"{config.pipeline}-{time.strftime('%Y%m%d-%H%M%S')}")
-    os.makedirs(workdir, exist_ok=True)
+    run = RunDir(workdir).make()  # a local path, file:///abs/path or a remote URI (gs://bucket/run)
     print(f"mercury_jax: pipeline={config.pipeline} workdir={workdir}\n"
           f"jax {jax.__version__}, flax {flax.__version__}, backend {jax.default_backend()}, {jax.device_count()} "
           f"devices ({jax.local_device_count()} local), process {jax.process_index()}/{jax.process_count()}",
           flush=True)
-    check_run_config(workdir, config, force=_RESUME_FORCE_CONFIG.value)
-    save_run_config(config, workdir)
-    record_environment(workdir)
+    check_run_config(run, config, force=_RESUME_FORCE_CONFIG.value)
+    run.write_config(config)  # lets `mercury_jax.export` and the sweep rebuild the model
+    record_environment(run)
     preemption.install()
-    PIPELINES[config.pipeline](config, workdir)
+    PIPELINES[config.pipeline](config, run.root)
 
 
 def unknown_override(argv: list[str]) -> str | None:

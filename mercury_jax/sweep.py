@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -47,7 +48,8 @@ from mercury_jax.evaluation.selection import START_STEP
 from mercury_jax.export import ExportError, checkpoint_steps, load_run_config, restore_policy, run_tokenizer
 from mercury_jax.rollout.engine import Engine
 from mercury_jax.rollout.episode import EpisodeRunner
-from mercury_jax.train.setup import behaviour, rollout_budgets, rollout_sampling, world_tasks
+from mercury_jax.train.rundir import RunDir
+from mercury_jax.train.setup import episode_reward, rollout_budgets, rollout_sampling, world_tasks
 
 STAGE = "grpo"
 EVAL_SEED_OFFSET = 1_000_003  # the default sampling seed is config.seed + this (as the SAO trainer's evaluations)
@@ -60,7 +62,7 @@ class SweepError(ValueError):
 
 def sweep_steps(workdir: str | Path, requested: list[int] | None = None) -> list[int]:
     """The checkpoint steps to evaluate, ascending, always including the starting policy (step 0)."""
-    checkpoint_dir = Path(workdir) / STAGE / "checkpoints"
+    checkpoint_dir = Path(os.fspath(RunDir(workdir).stage(STAGE).checkpoints))
     available = checkpoint_steps(checkpoint_dir)
     if not available:
         raise SweepError(f"no {STAGE} checkpoint in {checkpoint_dir}: train the run first (`python -m "
@@ -102,7 +104,7 @@ def run_sweep(workdir: str | Path, *, steps: list[int] | None = None, num_tasks:
     steps = sweep_steps(workdir, steps)
     tasks = _held_out_tasks(config, num_tasks)
     seed = config.seed + EVAL_SEED_OFFSET if seed is None else seed
-    out = Path(out) if out is not None else workdir / "sweep"
+    out = Path(out) if out is not None else Path(os.fspath(RunDir(workdir).sweep))
     setup_key = {"task_ids": [str(t.get("task_id", i)) for i, t in enumerate(tasks)], "seed": seed,
                  "rollout": {name: config.rollout[name] for name in ROLLOUT_FIELDS}}
     print(f"[sweep] {workdir}: {len(steps)} checkpoints {steps}, {len(tasks)} held-out {config.world.name} tasks, "
@@ -211,7 +213,7 @@ def _make_runner(model, config, seed: int, version: int, workdir: Path, make_eng
     engine = make_engine(model, num_slots=rollout.num_slots, max_length=rollout.max_total_tokens,
                          policy_version=version)
     runner = EpisodeRunner(engine, run_tokenizer(config, workdir), budgets=rollout_budgets(rollout),
-                           behaviour=behaviour(config), sampling=rollout_sampling(rollout, seed))
+                           reward=episode_reward(config), sampling=rollout_sampling(rollout, seed))
     return runner, engine
 
 

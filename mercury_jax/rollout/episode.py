@@ -9,8 +9,11 @@ One episode (docs/ENVIRONMENTS.md section 4; docs/ALGORITHMS.md "Shared definiti
            else execute each call through MCP (a call with parse errors is not executed: its error text is the
            observation), append observation_ids, continue the same engine sequence (continue_from +
            keep_cache: the history is never recomputed)
-    then   grade = ep.grade(final answer, transcript); multiplier = behaviour_multiplier(...);
-           reward = effects_fraction * multiplier
+    then   grade = ep.grade(final answer, transcript); reward, parts = reward_fn(task, trajectory, grade)
+           (default `rewards.EffectsReward`: effects_fraction * behaviour multiplier)
+
+A task holding `prompt_ids` (and its chat `prefix`) starts from those ids instead of rendering its system and user
+prompts: a pivot state is such a task, run as a one-turn episode (`max_tool_turns = 0`, `prefix_episode.py`).
 
 Finish reasons: "answered"; "turn_budget" (a tool-calling turn after `max_tool_turns` executed tool turns; the
 model always gets a turn to answer after its last allowed tool turn); "token_budget" (the turn was cut by
@@ -49,14 +52,13 @@ from typing import Any
 
 from mercury_jax.chat import observation_ids, parse_assistant, render
 from mercury_jax.chat.tokenizer import Tokenizer
-from mercury_jax.envs import BehaviourConfig, behaviour_multiplier, make_episode
-from mercury_jax.envs.behaviour import states_answer
+from mercury_jax.envs import BehaviourConfig, make_episode
 from mercury_jax.envs.tool_threads import run_blocking
+from mercury_jax.rollout.decode import decode_known
 from mercury_jax.rollout.engine import Request, Sample
 from mercury_jax.rollout.failures import EnvironmentFailure, EpisodeFailure, failure_placeholder
+from mercury_jax.rollout.rewards import EffectsReward, Reward, plain
 from mercury_jax.rollout.trajectory import Trajectory
-
-TRUNCATION = "truncated"  # the finish reason behaviour_multiplier treats as a budget cut
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +80,9 @@ class SamplingParams:
 class EpisodeRunner:
     """Runs episodes on `engine` (an `Engine`, or anything with its submit / step / results / release API).
 
+    `reward(task, trajectory, grade) -> (reward, parts)` scores a finished episode (None: `EffectsReward` with
+    `behaviour`); `episode_factory(task, **options)` opens its environment.
+
     Environment limits: `call_timeout_s` (one tool call), `connect_timeout_s` (building the world, MCP connect and
     tools/list; None: the episode's default), `max_result_chars` (cap on one observation; None: the episode's
     default), `grade_timeout_s` (grading, judge included). `failure_log_size`: how many `EpisodeFailure` records
@@ -89,8 +94,10 @@ class EpisodeRunner:
                  behaviour: BehaviourConfig = BehaviourConfig(), episode_factory: Callable[..., Any] = make_episode,
                  call_timeout_s: float = 30.0, connect_timeout_s: float | None = None,
                  max_result_chars: int | None = None, grade_timeout_s: float = 300.0, judge=None,
-                 overlap: bool = True, before_step: Callable[[], None] | None = None, failure_log_size: int = 256):
+                 overlap: bool = True, before_step: Callable[[], None] | None = None, failure_log_size: int = 256,
+                 reward: Reward | None = None):
         self.engine, self.tokenizer = engine, tokenizer
+        self.reward = reward if reward is not None else EffectsReward(behaviour)
         self.budgets, self.sampling, self.enable_thinking = budgets, sampling, enable_thinking
         self.behaviour, self.episode_factory = behaviour, episode_factory
         self.call_timeout_s, self.judge, self.overlap = call_timeout_s, judge, overlap
@@ -182,12 +189,15 @@ class EpisodeRunner:
                 tools = await ep.tools()
             except Exception as error:  # noqa: BLE001 (an MCP list_tools failure ends this episode only)
                 raise self._env_failure(task, episode_id, "open", error) from error
-            prompt_messages = [{"role": "system", "content": task.get("system_prompt") or ""},
-                               {"role": "user", "content": task["user_prompt"]}]
-            if not prompt_messages[0]["content"]:
-                prompt_messages = prompt_messages[1:]
-            prompt = tok.encode(render(prompt_messages, tools, add_generation_prompt=True,
-                                       enable_thinking=self.enable_thinking))
+            if "prompt_ids" in task:  # a chat prefix, already rendered (a pivot state)
+                prompt_messages, prompt = list(task.get("prefix", ())), list(task["prompt_ids"])
+            else:
+                prompt_messages = [{"role": "system", "content": task.get("system_prompt") or ""},
+                                   {"role": "user", "content": task["user_prompt"]}]
+                if not prompt_messages[0]["content"]:
+                    prompt_messages = prompt_messages[1:]
+                prompt = tok.encode(render(prompt_messages, tools, add_generation_prompt=True,
+                                           enable_thinking=self.enable_thinking))
             traj = {"tokens": list(prompt), "action_mask": [0] * len(prompt), "rollout_logprobs": [0.0] * len(prompt),
                     "policy_versions": [-1] * len(prompt)}
             spans, texts, calls, results, format_errors = [], [], [], [], []
@@ -267,27 +277,19 @@ class EpisodeRunner:
                                         format_errors=format_errors, assistant_texts=texts,
                                         finish_reason=finish, timings=timings) from error
             timings["grade_s"] = time.perf_counter() - t0
-        answered_turn = next((i for i, t in enumerate(texts) if states_answer(t)),
-                             len(texts) - 1 if finish == "answered" else None)
-        truncated = finish in ("token_budget", "degenerate")
-        multiplier, parts = behaviour_multiplier(texts, finish_reason=TRUNCATION if truncated else finish,
-                                                 answered_turn=answered_turn,
-                                                 forbidden_violations=int(grade.get("forbidden_violations", 0)),
-                                                 format_errors=len(format_errors), config=self.behaviour)
-        effects = float(grade["effects_fraction"])
         timings["total_s"] = time.perf_counter() - start
         spoiled = next((r for r in results if r.get("failure")), None)
         env_failure = None
         if spoiled is not None:  # delivered (for the logs) but marked: the trainers drop it
             env_failure = f"tool {spoiled['name']!r} at turn {spoiled['turn']}: {spoiled['failure']}"
             self._record(task, episode_id, "tool", env_failure)
-        return Trajectory(
+        trajectory = Trajectory(
             task_id=str(task.get("task_id", "")), prompt_length=len(prompt), turn_spans=spans, tool_calls=calls,
             tool_results=results, format_errors=format_errors, assistant_texts=texts, finish_reason=finish,
-            reward=effects * multiplier, timings=timings,
-            reward_parts={"effects_fraction": effects, "all_effects_pass": bool(grade["all_effects_pass"]),
-                          "multiplier": multiplier, **parts, "grade": _plain(grade)},
-            env_failure=env_failure, **traj)
+            timings=timings, env_failure=env_failure, **traj)
+        reward, parts = self.reward(task, trajectory, grade)
+        trajectory.reward, trajectory.reward_parts = reward, plain(parts)
+        return trajectory
 
     async def _call(self, ep, call) -> dict:
         """One tool call as an observation dict (with "failure" when the environment spoiled it); nothing a tool
@@ -411,30 +413,3 @@ class EpisodeRunner:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.engine.num_slots)
         return self._slots
-
-
-def decode_known(tokenizer: Tokenizer, ids: list[int]) -> tuple[str, list[int]]:
-    """Text of sampled `ids`, and the ids the tokenizer cannot decode (the model's embedding is padded past the
-    vocabulary: 248320 rows for 248077 Qwen3.5 tokens), which are dropped from the text rather than crash."""
-    try:
-        return tokenizer.decode(ids), []
-    except Exception:  # noqa: BLE001 (find the offending ids one by one)
-        known, unknown = [], []
-        for token in ids:
-            try:
-                tokenizer.decode([token])
-                known.append(token)
-            except Exception:  # noqa: BLE001
-                unknown.append(token)
-        return tokenizer.decode(known), unknown
-
-
-def _plain(value: Any) -> Any:
-    """`value` with tuples as lists and non-JSON leaves as strings (reward_parts must survive to_json)."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)

@@ -70,6 +70,15 @@ class Trajectory:
         return cls(**data)
 
 
+def padded_length(trajectories: list[Trajectory], limit: int) -> int:
+    """The one padding rule of the learner batches: the longest trajectory rounded up to a bucket (128 tokens for
+    budgets up to 4,096, else 2,048), at most the budget rounded up. Each bucket is one compiled shape of the
+    learner functions, so a run compiles a few and then pays only for the tokens its batches hold."""
+    bucket = 128 if limit <= 4096 else 2048
+    ceiling = -(-limit // bucket) * bucket
+    return min(-(-max(len(t.tokens) for t in trajectories) // bucket) * bucket, ceiling)
+
+
 def batch_trajectories(trajectories: list[Trajectory], length: int, *, pad_id: int = 0) -> dict[str, np.ndarray]:
     """Right-pad trajectories into [B, length] arrays.
 

@@ -48,7 +48,7 @@ class RolloutWorker:
                  max_length: int | None = None, steps_per_sync: int = 8, budgets: Budgets = Budgets(),
                  sampling: SamplingParams = SamplingParams(), queue_size: int = 1024,
                  out_queue: queue.Queue | None = None, devices=None, policy_version: int = 0,
-                 first_episode_id: int = 0, copy_model: bool = True, **runner_options):
+                 first_episode_id: int = 0, copy_model: bool = True, make_engine=Engine, **runner_options):
         self.sharding = None
         if devices is not None:
             self.sharding = NamedSharding(Mesh(np.asarray(list(devices)), ("replica",)), PartitionSpec())
@@ -57,7 +57,7 @@ class RolloutWorker:
             nnx.update(self.model, jax.device_put(nnx.state(self.model), self.sharding))
         # where every weight lives: published weights (e.g. from the learner's mesh) are moved here on the swap
         self._placement = jax.tree.map(lambda x: x.sharding, nnx.state(self.model))
-        self.engine = Engine(self.model, num_slots=num_slots, max_length=max_length or budgets.max_total_tokens,
+        self.engine = make_engine(self.model, num_slots=num_slots, max_length=max_length or budgets.max_total_tokens,
                              steps_per_sync=steps_per_sync, policy_version=policy_version)
         if self.sharding is not None:
             self.engine.state = jax.device_put(self.engine.state, self.sharding)

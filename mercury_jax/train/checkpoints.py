@@ -7,18 +7,19 @@ the same weights, optimiser moments, RNG and data order. A preemption request (`
 """
 from __future__ import annotations
 
-from pathlib import Path
+import os
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
 from mercury_jax.train import preemption
+from mercury_jax.train.rundir import RunDir
 
 
 class Checkpointer:
-    def __init__(self, directory: str | Path, *, save_every: int, keep: int, async_save: bool = True):
-        self.directory = Path(directory).absolute()
+    def __init__(self, directory: str | os.PathLike, *, save_every: int, keep: int, async_save: bool = True):
+        self.directory = RunDir(directory).root  # absolute when local (Orbax resolves nothing relative), or a URI
         self.save_every = save_every
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
                                                create=True)
@@ -45,12 +46,6 @@ class Checkpointer:
         restored = self.manager.restore(step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(target),
                                                                       meta=ocp.args.JsonRestore()))
         return restored["arrays"], restored["meta"]
-
-    def restore_meta(self, step: int) -> dict:
-        return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-
-    def wait(self) -> None:
-        self.manager.wait_until_finished()
 
     def close(self) -> None:
         """Wait for the saves in flight (their steps become restorable) and release the manager; idempotent."""

@@ -2,21 +2,23 @@
 and PNG plots of the curves at the end."""
 from __future__ import annotations
 
+import io
 import json
 import math
+import os
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 from mercury_jax.train.resume import read_jsonl, write_jsonl
+from mercury_jax.train.rundir import append_line, as_path
 
 
 class MetricsLogger:
-    def __init__(self, workdir: str | Path, *, total_steps: int, window: int = 20, name: str = "train",
+    def __init__(self, workdir: str | os.PathLike, *, total_steps: int, window: int = 20, name: str = "train",
                  tensorboard: bool = True, stream=sys.stdout):
-        self.workdir = Path(workdir)
+        self.workdir = as_path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.path = self.workdir / f"{name}_metrics.jsonl"
         self.total_steps = total_steps
@@ -46,8 +48,7 @@ class MetricsLogger:
             if values:
                 record[f"window/{key}"] = float(np.mean(values))
         self.history.append(record)
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_line(self.path, json.dumps(record))
         if self._writer is not None:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)):
@@ -65,7 +66,7 @@ class MetricsLogger:
         print(f"[{self.name}] step {step}/{self.total_steps} {shown} | {elapsed:.0f}s elapsed, ETA {remaining:.0f}s",
               file=self.stream, flush=True)
 
-    def plot(self, keys: list[str], filename: str | None = None) -> Path | None:
+    def plot(self, keys: list[str], filename: str | None = None):
         """One PNG with a panel per key (raw per step and the window mean)."""
         keys = [k for k in keys if any(k in r for r in self.history)]
         if not keys:
@@ -85,17 +86,14 @@ class MetricsLogger:
             ax.legend(fontsize=7, loc="best")
         axes[-1, 0].set_xlabel("step")
         fig.tight_layout()
-        path = self.workdir / (filename or f"{self.name}_curves.png")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        return path
+        return save_figure(fig, self.workdir / (filename or f"{self.name}_curves.png"))
 
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
 
 
-def plot_evaluations(evaluations: list[dict], path: str | Path, *, title: str = "held-out evaluations") -> Path:
+def plot_evaluations(evaluations: list[dict], path: str | os.PathLike, *, title: str = "held-out evaluations"):
     """One PNG of held-out evaluations over training: mean reward +- 1 sem and the all-effects pass rate per step
     (records with `step`, `reward`, `reward_sem`, `all_effects_pass`)."""
     import matplotlib  # noqa: PLC0415  (~0.5 s to import; only plotting needs it)
@@ -113,9 +111,18 @@ def plot_evaluations(evaluations: list[dict], path: str | Path, *, title: str = 
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
+    return save_figure(fig, path)
+
+
+def save_figure(fig, path: str | os.PathLike):
+    """Write a matplotlib figure as PNG to a local path or a URI (through memory), close it; returns the path."""
+    import matplotlib.pyplot as plt  # noqa: PLC0415  (only plotting needs it)
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)
+    path = as_path(path)
+    path.write_bytes(buffer.getvalue())
     return path
 
 

@@ -14,21 +14,22 @@ next turn's generation prompt), so a continuation is exactly "the next assistant
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from mercury_jax.chat import parse_assistant
 from mercury_jax.envs.browse.pivots import extract_pivots, write_pivots
 from mercury_jax.envs.episode import oracle_trajectory
 from mercury_jax.rollout.messages import trajectory_from_messages
 from mercury_jax.rollout.trajectory import Trajectory
+from mercury_jax.train.rundir import as_path
 from mercury_jax.train.setup import tool_schemas
 
 SOURCES = ("policy", "oracle")
 
 
-def build_pivots(tasks: Sequence[Mapping], path: str | Path, *, source: str, oracle_options: Mapping | None = None,
-                 run_episodes=None, policy_version: int | str | None = None,
+def build_pivots(tasks: Sequence[Mapping], path: str | os.PathLike, *, source: str,
+                 oracle_options: Mapping | None = None, run_episodes=None, policy_version: int | str | None = None,
                  kinds: Sequence[str] = ("just_sufficient", "one_step_before")) -> dict:
     """Write the pivots of `tasks` to `path` (JSONL, replaced if present); returns counts for the log.
 
@@ -52,9 +53,9 @@ def build_pivots(tasks: Sequence[Mapping], path: str | Path, *, source: str, ora
         trajectories = [t for i, t in enumerate(trajectories) if i not in failed]
         chats = [trajectory_messages(task, t, tools) for task, t, tools in
                  zip(tasks, trajectories, task_tool_schemas(tasks))]
-    path = Path(path)
+    path = as_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp = path.parent / (path.name + ".tmp")
     tmp.unlink(missing_ok=True)
     counts = {"tasks": len(tasks), "pivots": 0, "sufficient": 0, "tasks_with_pivots": 0}
     for task, messages in zip(tasks, chats):
@@ -72,9 +73,9 @@ def build_pivots(tasks: Sequence[Mapping], path: str | Path, *, source: str, ora
     return counts
 
 
-def read_pivots(path: str | Path) -> list[dict]:
+def read_pivots(path: str | os.PathLike) -> list[dict]:
     """The pivot records of a JSONL file, in file order."""
-    path = Path(path)
+    path = as_path(path)
     if not path.exists():
         raise FileNotFoundError(f"pivot dataset {path} does not exist; build it (grpo.pivots_path='' builds one into "
                                 f"the workdir) or point grpo.pivots_path at an existing JSONL")

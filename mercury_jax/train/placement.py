@@ -14,8 +14,10 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from mercury_jax.parallel import make_mesh
+from mercury_jax.parallel import make_mesh, shard_params
 from mercury_jax.train import setup
+from mercury_jax.train.optim import make_optimizer
+from mercury_jax.train.state import TrainState
 
 
 def group_meshes(devices: Mapping[str, int], names: Iterable[str]) -> dict:
@@ -36,6 +38,20 @@ def onto_mesh(tree, mesh):
         return isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh
 
     return jax.tree.map(lambda x: x if on_mesh(x) else jax.device_put(x, replicated), tree)
+
+
+def state_on_mesh(model: nnx.Module, optimizer_cfg, mesh, trainable=nnx.Param) -> TrainState:
+    """`model` sharded over `mesh` by its logical axes (in place) as a `TrainState` whose optimiser state lives on
+    the mesh too (before a restore would commit it to device 0)."""
+    shard_params(model, mesh)
+    state = TrainState.create(model, make_optimizer(optimizer_cfg), trainable)
+    state.frozen, state.opt_state = onto_mesh((state.frozen, state.opt_state), mesh)
+    return state
+
+
+def step_shardings(state: TrainState):
+    """The layout a learner step's (params, opt_state) outputs are pinned to: its inputs'."""
+    return shardings_of((state.params, state.opt_state))
 
 
 def batch_to_mesh(batch: Mapping, mesh) -> dict:

@@ -13,8 +13,10 @@ same run.
 from __future__ import annotations
 
 import json
+import os
 import warnings
-from pathlib import Path
+
+from mercury_jax.train.rundir import RunDir, as_path
 
 # Fields (dotted prefixes) a resumed run must share with the run that wrote the checkpoints: they change the
 # parameters' shapes, the tokenizer, the tasks / states, or which data each step sees. Anything else (steps,
@@ -28,10 +30,10 @@ class ResumeError(ValueError):
     """The workdir's state cannot be resumed as it is."""
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
     """The records of a JSONL log ([] when missing). A torn last line (a kill mid-write) is dropped with a
     warning and the file rewritten without it; an unreadable line before the last raises `ResumeError`."""
-    path = Path(path)
+    path = as_path(path)
     if not path.exists():
         return []
     text = path.read_text()
@@ -53,18 +55,18 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return records
 
 
-def write_jsonl(path: str | Path, records: list[dict]) -> None:
+def write_jsonl(path: str | os.PathLike, records: list[dict]) -> None:
     """Replace the file with `records`, one JSON object a line (through a temporary file and a rename)."""
-    path = Path(path)
-    staging = path.with_name(path.name + ".tmp")
+    path = as_path(path)
+    staging = path.parent / (path.name + ".tmp")
     staging.write_text("".join(json.dumps(r) + "\n" for r in records))
     staging.replace(path)
 
 
-def truncate_jsonl(path: str | Path, last_step: int) -> list[dict]:
+def truncate_jsonl(path: str | os.PathLike, last_step: int) -> list[dict]:
     """Keep the records with `step <= last_step` (a resumed run replays the later steps); returns them."""
     records = [r for r in read_jsonl(path) if r["step"] <= last_step]
-    if Path(path).exists():
+    if as_path(path).exists():
         write_jsonl(path, records)
     return records
 
@@ -82,10 +84,10 @@ def differing_fields(saved: dict, current: dict, fields: tuple[str, ...] = RESUM
     return out
 
 
-def check_run_config(workdir: str | Path, config, *, force: bool = False) -> dict:
+def check_run_config(workdir: str | os.PathLike, config, *, force: bool = False) -> dict:
     """Compare `config` (a ConfigDict) with `workdir/config.json` when the workdir holds an earlier run; raise
     `ResumeError` naming the differing `RESUME_FIELDS` unless `force` (then warn). Returns the differences."""
-    path = Path(workdir) / "config.json"
+    path = RunDir(workdir).config
     if not path.exists():
         return {}
     saved = json.loads(path.read_text())

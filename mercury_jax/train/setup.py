@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import jax
@@ -15,6 +16,8 @@ from mercury_jax.envs.episode import make_episode, oracle_trajectory
 from mercury_jax.envs.generate import read_tasks
 from mercury_jax.envs.presets import preset_tasks
 from mercury_jax.rollout.episode import Budgets, SamplingParams
+from mercury_jax.rollout.rewards import EffectsReward
+from mercury_jax.train.rundir import RunDir
 from models.qwen35_moe import Qwen35MoeForCausalLM, load_hf
 from models.qwen35_moe.config import PRESETS
 
@@ -52,14 +55,22 @@ def oracle_messages(tasks: list[dict], options: dict | None = None) -> list[list
     return [oracle_trajectory(task, **(options or {})) for task in tasks]
 
 
-def build_tokenizer(cfg: ml_collections.ConfigDict, workdir: str | Path, corpus_texts: list[str]):
-    """The Qwen3.5 BPE, or a SentencePiece model trained (deterministically, cached) on `corpus_texts`."""
+def build_tokenizer(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike | RunDir, corpus_texts: list[str]):
+    """The Qwen3.5 BPE, or a SentencePiece model trained (deterministically, cached in the run's `tokenizer/`) on
+    `corpus_texts`. SentencePiece reads local files only: a remote run directory gets a copy of the model trained
+    in a local cache."""
     if cfg.kind == "qwen35":
         return qwen35_tokenizer()
     if cfg.kind == "sentencepiece":
-        return train_sentencepiece_tokenizer(corpus_texts, vocab_size=cfg.vocab_size,
-                                             cache_dir=Path(workdir) / "tokenizer",
-                                             atomic_pattern=cfg.get("atomic_pattern", ""))
+        run = workdir if isinstance(workdir, RunDir) else RunDir(workdir)
+        cache = run.tokenizer if run.local else Path.home() / ".cache" / "mercury_jax" / "tokenizer"
+        tokenizer = train_sentencepiece_tokenizer(corpus_texts, vocab_size=cfg.vocab_size,
+                                                  cache_dir=Path(os.fspath(cache)),
+                                                  atomic_pattern=cfg.get("atomic_pattern", ""))
+        if not run.local:
+            run.tokenizer.mkdir(parents=True, exist_ok=True)
+            (run.tokenizer / tokenizer.model_file.name).write_bytes(tokenizer.model_file.read_bytes())
+        return tokenizer
     raise ValueError(f"tokenizer.kind {cfg.kind!r} is not 'qwen35' or 'sentencepiece'")
 
 
@@ -99,6 +110,11 @@ def rollout_budgets(rollout: ml_collections.ConfigDict):
     """The episode budgets of a config's `rollout` section."""
     return Budgets(max_tool_turns=rollout.max_tool_turns, max_total_tokens=rollout.max_total_tokens,
                    max_turn_tokens=rollout.max_turn_tokens)
+
+
+def episode_reward(config: ml_collections.ConfigDict) -> EffectsReward:
+    """The enterprise episodes' reward: effects fraction x the behaviour multiplier of `config.behaviour`."""
+    return EffectsReward(behaviour(config))
 
 
 def behaviour(config: ml_collections.ConfigDict):

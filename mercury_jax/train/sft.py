@@ -1,28 +1,27 @@
-"""SFT warm start: minimise -mean log p(action tokens) over packed trajectories (token-mean over the batch).
+"""The SFT algorithm (warm start): minimise -mean log p(action tokens) over packed trajectories (token mean over
+the batch).
 
     loss = - sum_t mask[t] * log p(x[t] | x[<t], same document) / sum_t mask[t]
-Rows are packed with segment ids (documents never see each other), reshuffled every epoch by the seed, and the
-run checkpoints (weights, optimiser, step) so a restart continues where it stopped (also after a SIGTERM:
-`preemption.py`). A non-finite loss or gradient raises or skips the step (`guards.py`), never trains on.
+
+Rows are packed with segment ids (documents never see each other) and batched in seeded epoch orders
+(`streams.batch_rows`), so a resumed run (`loop.py`) continues with the same batches. A non-finite loss or
+gradient raises or skips the step (`guards.py`), never trains on.
 """
 from __future__ import annotations
 
-import functools
-import time
-from pathlib import Path
+import os
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from mercury_jax.train import preemption
-from mercury_jax.train.checkpoints import Checkpointer
-from mercury_jax.train.guards import NonFiniteGuard
-from mercury_jax.train.metrics import MetricsLogger
+from mercury_jax.train.loop import Cadence, StepResult, run_loop
 from mercury_jax.train.optim import make_optimizer
 from mercury_jax.train.packing import pack_sequences
+from mercury_jax.train.rundir import StageDir, as_path
 from mercury_jax.train.state import TrainState, make_update_step
+from mercury_jax.train.streams import batch_rows
 from models.qwen35_moe.logprobs import sequence_logprobs
 
 
@@ -34,67 +33,51 @@ def sft_loss(model, batch):
     return loss, {"action_tokens": jnp.sum(mask), "token_accuracy_proxy": jnp.sum(jnp.exp(logp) * mask) / count}
 
 
-@functools.lru_cache(maxsize=4)
-def epoch_order(num_items: int, seed: int, epoch: int) -> np.ndarray:
-    """The order of epoch `epoch`: a permutation seeded by (seed, epoch), so a restart reproduces it."""
-    return np.random.default_rng([seed, epoch]).permutation(num_items)
+class Sft:
+    stage = "sft"
+    progress_keys = ("loss",)
+    plot_keys = ("loss", "token_accuracy_proxy")
+
+    def __init__(self, cfg: ml_collections.ConfigDict, model, sequences: list[tuple[list[int], list[int]]], *,
+                 seed: int = 0, pad_id: int = 0):
+        self.cfg, self.seed, self.steps = cfg, seed, cfg.steps
+        self.packed = pack_sequences(sequences, cfg.row_length, pad_id=pad_id)
+        self.state = TrainState.create(model, make_optimizer(cfg.optimizer))
+        self.update = make_update_step(self.state.graphdef, self.state.tx, sft_loss)
+
+    def arrays(self) -> dict:
+        return {"params": self.state.params, "frozen": self.state.frozen, "opt_state": self.state.opt_state}
+
+    def meta(self) -> dict:
+        return {}
+
+    def restore(self, arrays: dict, meta: dict) -> None:
+        self.state = self.state.replace_arrays(arrays)
+
+    def policy(self):
+        return self.state.model()
+
+    def batch(self, step: int) -> dict:
+        """The packed rows of step `step` (1-based)."""
+        rows = batch_rows(len(self.packed["tokens"]), self.cfg.batch_rows, step - 1, self.seed)
+        return {k: jnp.asarray(v[rows]) for k, v in self.packed.items()}
+
+    def step(self, step: int, *, version: int, guard) -> StepResult:
+        batch = self.batch(step)
+        state = self.state
+        state.params, state.opt_state, metrics = self.update(state.params, state.frozen, state.opt_state, batch)
+        metrics = jax.device_get(metrics)
+        applied = guard.check(step, metrics)  # raises before this step can be logged or saved
+        return StepResult({**metrics, "tokens": float(np.sum(batch["segment_ids"] > 0))}, applied=applied)
 
 
-def batch_order(num_rows: int, batch_rows: int, step: int, seed: int) -> np.ndarray:
-    """Row indices of batch `step` (epochs follow `epoch_order`)."""
-    per_epoch = max(num_rows // batch_rows, 1)
-    epoch, index = divmod(step, per_epoch)
-    perm = epoch_order(num_rows, seed, epoch)
-    rows = perm[index * batch_rows:(index + 1) * batch_rows]
-    return np.resize(rows, batch_rows)  # fewer rows than a batch: repeat
-
-
-def run_sft(cfg: ml_collections.ConfigDict, model, sequences: list[tuple[list[int], list[int]]], workdir: str | Path,
-            *, seed: int = 0, checkpoint_cfg: ml_collections.ConfigDict | None = None, pad_id: int = 0,
-            train_cfg: ml_collections.ConfigDict | None = None):
-    """Train `model` on (tokens, action_mask) sequences; returns the trained model and the metric history.
-    `train_cfg` (the config's `train` section) sets the non-finite policy (`guards.py`; default: raise)."""
-    workdir = Path(workdir)
-    packed = pack_sequences(sequences, cfg.row_length, pad_id=pad_id)
-    tx = make_optimizer(cfg.optimizer)
-    state = TrainState.create(model, tx)
-    step_fn = make_update_step(state.graphdef, tx, sft_loss)
-    checkpointer = None
-    start = 0
-    if checkpoint_cfg is not None:
-        checkpointer = Checkpointer(workdir / "checkpoints", save_every=checkpoint_cfg.every, keep=checkpoint_cfg.keep,
-                                    async_save=checkpoint_cfg.async_save)
-        latest = checkpointer.latest_step()
-        if latest is not None:
-            arrays, meta = checkpointer.restore(latest, state.arrays())
-            state = state.replace_arrays(arrays)
-            start = meta["step"]
-    logger = MetricsLogger(workdir, total_steps=cfg.steps, name="sft")
-    logger.truncate(start)
-    guard = NonFiniteGuard.from_config(train_cfg, name="sft", history=logger.history)
-    params, frozen, opt_state = state.params, state.frozen, state.opt_state
-    try:
-        for step in range(start + 1, cfg.steps + 1):
-            rows = batch_order(len(packed["tokens"]), cfg.batch_rows, step - 1, seed)
-            batch = {k: jnp.asarray(v[rows]) for k, v in packed.items()}
-            t0 = time.perf_counter()
-            params, opt_state, metrics = step_fn(params, frozen, opt_state, batch)
-            metrics = jax.device_get(metrics)
-            applied = guard.check(step, metrics)  # raises before this step can be logged or saved
-            seconds = time.perf_counter() - t0
-            if step % cfg.log_every == 0 or step == cfg.steps or step == start + 1 or not applied:
-                logger.log(step, {**metrics, "tokens_per_s": float(np.sum(batch["segment_ids"] > 0)) / seconds,
-                                  "step_time_s": seconds, "nonfinite_skipped": guard.skipped}, progress_keys=("loss",))
-            if checkpointer is not None and checkpointer.should_save(step, last=step == cfg.steps):
-                checkpointer.save(step, {"params": params, "frozen": frozen, "opt_state": opt_state}, {"step": step})
-            preemption.exit_if_requested(step, "sft", checkpointer)
-    except BaseException:  # a non-finite step, a preemption, a failure: the last good save still gets committed
-        if checkpointer is not None:
-            checkpointer.close_after_error()
-        raise
-    if checkpointer is not None:
-        checkpointer.close()
-    logger.plot(["loss", "token_accuracy_proxy"])
-    logger.close()
-    state.params, state.frozen, state.opt_state = params, frozen, opt_state
-    return state.model(), logger.history
+def run_sft(cfg: ml_collections.ConfigDict, model, sequences: list[tuple[list[int], list[int]]],
+            workdir: str | os.PathLike, *, seed: int = 0, checkpoint_cfg: ml_collections.ConfigDict | None = None,
+            pad_id: int = 0, train_cfg: ml_collections.ConfigDict | None = None, algorithm: type[Sft] = Sft):
+    """Train `model` on (tokens, action_mask) sequences in the stage directory `workdir`; returns the trained
+    model and the metric history. `train_cfg` (the config's `train` section) sets the non-finite policy."""
+    sft = algorithm(cfg, model, sequences, seed=seed, pad_id=pad_id)
+    checkpoint_cfg = checkpoint_cfg or ml_collections.ConfigDict(dict(every=0, keep=1, async_save=False))
+    history = run_loop(sft, StageDir(as_path(workdir), "sft"),
+                       Cadence.from_config(checkpoint_cfg, log_every=cfg.log_every), train_cfg=train_cfg)
+    return sft.policy(), history

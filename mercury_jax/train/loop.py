@@ -1,0 +1,157 @@
+"""The one training loop of every stage (docs/DESIGN.md "Training wing"): SFT, SAO and pivot GRPO are algorithm
+objects that say what a step does; the loop owns restore, publish, logging, evaluation, checkpoints, preemption.
+
+    restore the latest checkpoint and republish it (or save step 0 first: `Cadence.save_initial`)
+    for step in start+1 .. steps:
+        result = algorithm.step(step, version=, guard=)     policy_updated -> version += 1, rollouts.publish
+        log every `log_every` steps, the first and last, and skipped ones; evaluate every `eval_every` steps;
+        checkpoint every `checkpoint_every` steps, the last one, and on a SIGTERM (then exit 143)
+    final evaluation, algorithm.finish(history, evaluations), curves plot
+
+A resume drops the log rows written after its checkpoint (those steps are replayed). A non-finite update raises
+`NonFiniteError` through the guard before the step is logged or saved (or is skipped: `guards.py`). On any
+exception the rollout side is stopped and the last good checkpoint still gets committed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any, Protocol
+
+from mercury_jax.train import preemption
+from mercury_jax.train.checkpoints import Checkpointer
+from mercury_jax.train.guards import NonFiniteGuard
+from mercury_jax.train.metrics import MetricsLogger
+from mercury_jax.train.resume import read_jsonl, truncate_jsonl
+from mercury_jax.train.rundir import StageDir, append_line
+
+
+@dataclasses.dataclass
+class StepResult:
+    metrics: dict
+    policy_updated: bool = False  # new weights for the rollout side (the version counts these)
+    applied: bool = True          # False: a non-finite update was skipped (train.nonfinite="skip")
+
+
+class Algorithm(Protocol):
+    """What a stage implements; optional: `evaluate(label)` with `final_label`, `finish(history, evaluations)`,
+    `logs` (its own JSONL files, truncated on resume)."""
+    stage: str
+    steps: int
+    progress_keys: tuple[str, ...]
+    plot_keys: tuple[str, ...]
+
+    def arrays(self) -> Any: ...                       # what a checkpoint holds
+    def meta(self) -> dict: ...                        # data-order state saved beside the arrays
+    def restore(self, arrays: Any, meta: dict) -> None: ...
+    def step(self, step: int, *, version: int, guard: NonFiniteGuard) -> StepResult: ...
+    def policy(self): ...                              # the model whose weights the rollout side samples with
+
+
+@dataclasses.dataclass(frozen=True)
+class Cadence:
+    checkpoint_every: int
+    keep: int
+    async_save: bool = True
+    eval_every: int = 0        # 0: evaluate only before the first and after the last step
+    log_every: int = 1
+    log_window: int = 20
+    save_initial: bool = False  # checkpoint step 0 (the starting policy) before the first update
+
+    @classmethod
+    def from_config(cls, checkpoint, **kwargs) -> Cadence:
+        return cls(checkpoint_every=checkpoint.every, keep=checkpoint.keep, async_save=checkpoint.async_save,
+                   **kwargs)
+
+
+def run_loop(algorithm: Algorithm, stage: StageDir, cadence: Cadence, *, train_cfg=None, rollouts=None,
+             make_checkpointer=Checkpointer) -> list[dict]:
+    """Run `algorithm` from its stage's latest checkpoint to `algorithm.steps`; returns the metric history."""
+    stage.make()
+    name = algorithm.stage
+    checkpointer = make_checkpointer(stage.checkpoints, save_every=cadence.checkpoint_every, keep=cadence.keep,
+                                     async_save=cadence.async_save)
+    start, version = 0, 0
+    latest = checkpointer.latest_step()
+    if latest is not None:
+        arrays, meta = checkpointer.restore(latest, algorithm.arrays())
+        algorithm.restore(arrays, meta)
+        start, version = meta["step"], meta.get("version", 0)
+        if rollouts is not None:
+            rollouts.publish(algorithm.policy(), version)
+        print(f"[{name}] resumed from step {start} ({_describe(meta)})", flush=True)
+    elif cadence.save_initial:
+        checkpointer.save(0, algorithm.arrays(), _meta(algorithm, 0, version, rollouts))
+
+    logger = MetricsLogger(stage.path, total_steps=algorithm.steps, name=name, window=cadence.log_window,
+                           tensorboard=_is_local(stage))
+    logger.truncate(start)
+    for log in getattr(algorithm, "logs", ()):
+        truncate_jsonl(log, start)
+    evaluates = hasattr(algorithm, "evaluate")
+    if evaluates:
+        if start == 0:
+            stage.evals.write_text(json.dumps({"step": 0, **algorithm.evaluate("warm start")}) + "\n")
+        else:  # rows after the checkpoint (an evaluation written just before a kill) are replayed
+            truncate_jsonl(stage.evals, start)
+    guard = NonFiniteGuard.from_config(train_cfg, name=name, history=logger.history)
+    try:
+        for step in range(start + 1, algorithm.steps + 1):
+            t0 = time.perf_counter()
+            result = algorithm.step(step, version=version, guard=guard)
+            if result.policy_updated:
+                version += 1
+                if rollouts is not None:
+                    rollouts.publish(algorithm.policy(), version)
+            seconds = time.perf_counter() - t0
+            last = step == algorithm.steps
+            if step % cadence.log_every == 0 or last or step == start + 1 or not result.applied:
+                metrics = dict(result.metrics)
+                tokens = metrics.pop("tokens", None)
+                if tokens is not None:
+                    metrics["tokens_per_s"] = tokens / seconds
+                metrics.update(nonfinite_skipped=guard.skipped, step_time_s=seconds)
+                if rollouts is not None:
+                    metrics["policy_version"] = version
+                logger.log(step, metrics, progress_keys=algorithm.progress_keys)
+            if evaluates and cadence.eval_every and step % cadence.eval_every == 0 and not last:
+                append_line(stage.evals, json.dumps({"step": step, **algorithm.evaluate(f"step {step}")}))
+            if checkpointer.should_save(step, last=last):
+                checkpointer.save(step, algorithm.arrays(), _meta(algorithm, step, version, rollouts))
+            preemption.exit_if_requested(step, name, checkpointer)
+    except BaseException:  # a non-finite step, a preemption, a failure: nothing may outlive the loop
+        if rollouts is not None:
+            rollouts.stop_after_error()
+        checkpointer.close_after_error()  # the last good save still gets committed
+        raise
+    if rollouts is not None:
+        rollouts.stop()
+    checkpointer.close()
+    evaluations = []
+    if evaluates:
+        evaluations = read_jsonl(stage.evals)
+        final = algorithm.final_label
+        if not any(e["step"] == algorithm.steps and e["label"] == final for e in evaluations):
+            evaluations.append({"step": algorithm.steps, **algorithm.evaluate(final)})
+            append_line(stage.evals, json.dumps(evaluations[-1]))
+    if hasattr(algorithm, "finish"):
+        algorithm.finish(logger.history, evaluations)
+    logger.plot(list(algorithm.plot_keys), stage.curves.name)
+    logger.close()
+    return logger.history
+
+
+def _meta(algorithm: Algorithm, step: int, version: int, rollouts) -> dict:
+    meta = {"step": step}
+    if rollouts is not None:
+        meta["version"] = version
+    return {**meta, **algorithm.meta()}
+
+
+def _describe(meta: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in meta.items() if k != "step") or "no data-order state"
+
+
+def _is_local(stage: StageDir) -> bool:
+    return "://" not in str(stage.path)

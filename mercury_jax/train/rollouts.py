@@ -1,0 +1,119 @@
+"""The rollout side of a run: episodes sampled with the weights the learner last published.
+
+Sync mode: one `Engine` on the first rollout device; `run(tasks, first_episode_id)` samples a batch with the
+latest weights (episode e of the run is request block e with the run's seed, so a resumed run samples the same
+tokens). Async mode: a `RolloutWorker` over the rollout devices keeps generating from a `TaskStream` in the
+background (started at the first `collect`, so a resumed run starts from the restored stream); `collect` takes
+finished trajectories, dropping those more than `max_staleness` versions old. Either way `publish(model,
+version)` hands new weights over and `evaluator(seed)` gives a runner that samples held-out episodes on the
+shared engine with the latest weights.
+
+`Seams` are the parts a caller may replace (tests inject a scripted engine, a synthetic reward, a task list).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from flax import nnx
+
+from mercury_jax.rollout.engine import Engine
+from mercury_jax.rollout.episode import Budgets, EpisodeRunner, SamplingParams
+from mercury_jax.rollout.failures import trainable
+from mercury_jax.rollout.trajectory import Trajectory
+from mercury_jax.rollout.worker import RolloutWorker
+from mercury_jax.train.checkpoints import Checkpointer
+from mercury_jax.train.placement import device_copy
+from mercury_jax.train.streams import TaskStream
+
+
+@dataclasses.dataclass(frozen=True)
+class Seams:
+    """Injectable parts of a pipeline; None / the default: the pipeline's own."""
+    make_engine: Callable = Engine             # (model, num_slots=, max_length=, policy_version=, ...) -> engine
+    reward: Callable | None = None             # (task, trajectory, grade) -> (reward, parts): rollout/rewards.py
+    tasks: Callable[[str], list] | None = None  # split ("train" / "eval") -> tasks, instead of config.world's
+    make_checkpointer: Callable = Checkpointer  # (directory, save_every=, keep=, async_save=) -> Checkpointer
+
+
+class Rollouts:
+    def __init__(self, model: nnx.Module, tokenizer, *, mesh, num_slots: int, budgets: Budgets,
+                 sampling: SamplingParams, reward: Callable | None, mode: str = "sync", version: int = 0,
+                 make_engine: Callable = Engine, max_staleness: int = 0, queue_size: int = 64, runner_options=None):
+        if mode not in ("sync", "async"):
+            raise ValueError(f"rollout.mode {mode!r} is not 'sync' or 'async'")
+        self.devices = list(mesh.devices.flat)
+        self.tokenizer, self.budgets, self.sampling, self.reward = tokenizer, budgets, sampling, reward
+        self.mode, self.version, self.max_staleness, self.queue_size = mode, version, max_staleness, queue_size
+        self.make_engine, self.num_slots = make_engine, num_slots
+        self.runner_options = dict(runner_options or {})
+        self.engine = make_engine(device_copy(model, self.devices[0]), num_slots=num_slots,
+                                  max_length=budgets.max_total_tokens, policy_version=version)
+        self.runner = self.evaluator(sampling.seed)
+        self.worker: RolloutWorker | None = None
+        self._latest = model  # the learner's model: the worker starts from it, evaluations sync the engine to it
+
+    def evaluator(self, seed: int, budgets: Budgets | None = None, **overrides) -> EpisodeRunner:
+        """A runner on the shared engine with its own sampling seed (and budgets, reward, episode factory...)."""
+        options = {"reward": self.reward, **self.runner_options, **overrides}
+        return EpisodeRunner(self.engine, self.tokenizer, budgets=budgets or self.budgets,
+                             sampling=dataclasses.replace(self.sampling, seed=seed), **options)
+
+    def run(self, tasks: list, *, first_episode_id: int) -> list[Trajectory]:
+        """Sync: one episode per task with the latest weights (episode ids from `first_episode_id`)."""
+        return self.runner.run(tasks, first_episode_id=first_episode_id)
+
+    def collect(self, stream: TaskStream, n: int) -> tuple[list[Trajectory], int, int]:
+        """(n or fewer trajectories to learn from, dropped as stale, dropped for an environment failure). Sync: the
+        next n tasks of `stream`, minus environment failures; async: waits for n trainable, fresh ones."""
+        if self.mode == "sync":
+            first = stream.consumed
+            kept, env_dropped = trainable(self.run(stream.take(n), first_episode_id=first))
+            if not kept:
+                raise RuntimeError(f"every one of the {n} episodes of this batch had an environment failure "
+                                   f"(failures: {list(self.runner.failures)[-3:]}); check the MCP servers")
+            return kept, 0, env_dropped
+        if self.worker is None:
+            self.worker = RolloutWorker(
+                device_copy(self._latest, self.devices[0]), self.tokenizer, stream.forever(),
+                num_slots=self.num_slots, max_length=self.budgets.max_total_tokens, budgets=self.budgets,
+                sampling=self.sampling, devices=self.devices, policy_version=self.version,
+                queue_size=self.queue_size,  # bounds how far rollouts run ahead of the learner
+                first_episode_id=stream.consumed, copy_model=False, make_engine=self.make_engine,
+                reward=self.reward, **self.runner_options)
+        if not self.worker.running:
+            self.worker.start()
+        kept, stale, env_dropped = [], 0, 0
+        while len(kept) < n:
+            trajectory = self.worker.get(timeout=3600)
+            if trajectory.env_failure is not None:
+                env_dropped += 1
+            elif self.version - trajectory.policy_version > self.max_staleness:
+                stale += 1
+            else:
+                kept.append(trajectory)
+        return kept, stale, env_dropped
+
+    def publish(self, model: nnx.Module, version: int) -> None:
+        """New weights: copied onto the rollout devices before this returns (the learner may donate its arrays)."""
+        self._latest, self.version = model, version
+        if self.worker is None:
+            self.engine.update_weights(device_copy(model, self.devices[0]), version)
+        else:
+            self.worker.publish(nnx.state(model), version)
+
+    def sync_engine(self) -> None:
+        """Async mode: the worker holds the live weights; bring the shared engine up to date (before evaluating)."""
+        if self.engine.policy_version != self.version:
+            self.engine.update_weights(device_copy(self._latest, self.devices[0]), self.version)
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+
+    def stop_after_error(self) -> None:
+        """`stop` while another exception is on its way out (the worker's own error would mask that one)."""
+        try:
+            self.stop()
+        except Exception as error:  # noqa: BLE001
+            print(f"rollout worker stopped with {type(error).__name__}: {error}", flush=True)

@@ -1,0 +1,106 @@
+"""The run directory: the one place that knows where a run keeps what (docs/DESIGN.md "Run directory").
+
+    WORKDIR/config.json              the run's config (export and the sweep rebuild the model from it)
+    WORKDIR/environment.json         Python, backend and package versions of every start
+    WORKDIR/tokenizer/               the SentencePiece model a tiny run trains (Qwen3.5 runs ship none)
+    WORKDIR/sft_summary.json         the warm start's final loss
+    WORKDIR/STAGE/checkpoints/STEP   Orbax checkpoints of a stage ("sft", "sao", "grpo")
+    WORKDIR/STAGE/STAGE_metrics.jsonl  one line per logged step; STAGE_curves.png its plot
+    WORKDIR/STAGE/tensorboard/STAGE  TensorBoard scalars (local run directories only)
+    WORKDIR/sao/evals.jsonl          held-out evaluations (eval_summary.json, sao_heldout.png)
+    WORKDIR/grpo/samples.jsonl       every continuation with its verdict; pivots.jsonl the pivot dataset;
+                                     summary.json the first and last records
+    WORKDIR/sweep/                   the checkpoint sweep's outcomes, table and plot
+
+Paths are `etils.epath` paths, so a root given as `gs://bucket/run` (or any URI epath knows) stays a URI: a
+`pathlib.Path` would turn it into a local folder `gs:/bucket/run`. `file:///abs/path` is taken as the local path.
+Remote files cannot be appended to; `append_line` rewrites them (the JSONL logs are small).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import jax
+import ml_collections
+from etils import epath
+
+STAGES = ("sft", "sao", "grpo")
+# Where the policy's arrays sit inside each stage's checkpoint (what the loop saves as `algorithm.arrays()`).
+POLICY_ARRAYS = {"sao": (("actor", "params"), ("actor", "frozen")), "sft": (("params",), ("frozen",)),
+                 "grpo": (("actor", "params"), ("actor", "frozen"))}
+
+
+def as_path(location: str | os.PathLike) -> epath.Path:
+    """An epath for a local path, a `file://` URI (taken as the local path) or a remote URI (`gs://...`)."""
+    text = os.fspath(location)
+    if text.startswith("file://"):
+        text = text[len("file://"):]
+        if not text.startswith("/"):
+            raise ValueError(f"{location!r}: a file URI needs an absolute path, file:///abs/path")
+    return epath.Path(text)
+
+
+def is_local(path: epath.Path) -> bool:
+    return isinstance(path, Path) or "://" not in os.fspath(path)
+
+
+def append_line(path: epath.Path, line: str) -> None:
+    """Append `line` (and a newline) to a text file; remote files are read and rewritten."""
+    if is_local(path):
+        with open(os.fspath(path), "a") as f:
+            f.write(line + "\n")
+    else:
+        path.write_text((path.read_text() if path.exists() else "") + line + "\n")
+
+
+class RunDir:
+    """A run's directory (see the module docstring for the layout); `root` is a local path or a URI."""
+
+    def __init__(self, root: str | os.PathLike | RunDir):
+        self.root = root.root if isinstance(root, RunDir) else as_path(root)
+        self.local = is_local(self.root)
+        if self.local:
+            self.root = epath.Path(os.path.abspath(os.fspath(self.root)))
+        self.config, self.environment = self.root / "config.json", self.root / "environment.json"
+        self.tokenizer, self.sft_summary, self.sweep = (self.root / "tokenizer", self.root / "sft_summary.json",
+                                                        self.root / "sweep")
+
+    def __repr__(self) -> str:
+        return f"RunDir({os.fspath(self.root)!r})"
+
+    def make(self) -> RunDir:
+        self.root.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def stage(self, name: str) -> StageDir:
+        if name not in STAGES:
+            raise ValueError(f"stage {name!r} is not one of {STAGES}")
+        return StageDir(self.root / name, name)
+
+    def write_config(self, config: ml_collections.ConfigDict) -> epath.Path:
+        """The run's config as JSON (process 0 only): export and the sweep rebuild the run's model from it."""
+        if jax.process_index() == 0:
+            self.make()
+            self.config.write_text(config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
+        return self.config
+
+    def read_config(self) -> ml_collections.ConfigDict:
+        return ml_collections.ConfigDict(json.loads(self.config.read_text()))
+
+
+class StageDir:
+    """One stage's folder: checkpoints, metrics, plots and the stage's own logs."""
+
+    def __init__(self, path: epath.Path, name: str):
+        self.path, self.name = path, name
+        self.checkpoints, self.tensorboard = path / "checkpoints", path / "tensorboard" / name
+        self.metrics, self.curves = path / f"{name}_metrics.jsonl", path / f"{name}_curves.png"
+        self.evals, self.eval_summary, self.heldout_plot = (path / "evals.jsonl", path / "eval_summary.json",
+                                                            path / f"{name}_heldout.png")
+        self.samples, self.pivots, self.summary = path / "samples.jsonl", path / "pivots.jsonl", path / "summary.json"
+
+    def make(self) -> StageDir:
+        self.path.mkdir(parents=True, exist_ok=True)
+        return self
