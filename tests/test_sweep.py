@@ -319,15 +319,18 @@ def tiny_run(tokenizer_run):
 
 
 @pytest.mark.slow
-def test_sweep_end_to_end_on_a_tiny_run(tiny_run, monkeypatch):
+def test_sweep_end_to_end_on_a_tiny_run(tiny_run):
     from mercury_jax.rollout.engine import Engine
 
     versions = []
-    original = Engine.update_weights
-    monkeypatch.setattr(Engine, "update_weights", lambda self, model, version=None: (
-        versions.append(version), original(self, model, version))[-1])
+
+    class RecordingEngine(Engine):
+        def update_weights(self, model, version=None):
+            versions.append(version)
+            super().update_weights(model, version)
+
     log = io.StringIO()
-    summary = run_sweep(tiny_run, num_tasks=2, stream=log)
+    summary = run_sweep(tiny_run, num_tasks=2, stream=log, make_engine=RecordingEngine)
     out = Path(tiny_run) / "sweep"
     assert versions == [1]  # one engine: built with step 0, given step 1's weights
     assert summary["steps"] == [0, 1] and [r["step"] for r in summary["records"]] == [0, 1]

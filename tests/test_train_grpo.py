@@ -9,6 +9,7 @@ synthetic, deterministic reward of their tokens instead, so the policy term has 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -25,16 +26,19 @@ from mercury_jax.envs.episode import oracle_trajectory
 from mercury_jax.envs.presets import preset_tasks
 from mercury_jax.export import read_checkpoint_arrays, save_run_config
 from mercury_jax.rl.advantages import group_advantages
-from mercury_jax.rollout.engine import Sample
+from mercury_jax.rollout.rewards import StopVerifierReward
 from mercury_jax.rollout.trajectory import Trajectory
-from mercury_jax.train import grpo as grpo_module
 from mercury_jax.train import setup
-from mercury_jax.train.grpo import continuation_batch, minibatch_rows, outcome_metrics, score_continuation
+from mercury_jax.train.grpo import PivotGrpo, group_batch, grpo_cadence, minibatch_rows, outcome_metrics
 from mercury_jax.train.grpo_learner import frozen_reference, grpo_loss, make_grpo_step, make_reference_logprobs
+from mercury_jax.train.loop import run_loop
 from mercury_jax.train.optim import make_optimizer
 from mercury_jax.train.pivot_data import build_pivots, read_pivots, task_tool_schemas
+from mercury_jax.train.rollouts import Seams
+from mercury_jax.train.rundir import RunDir
 from mercury_jax.train.state import TrainState
 from mercury_jax.train.validate import ConfigError, validate_config
+from mercury_jax.train.warm_start import starting_policy
 from models.qwen35_moe.logprobs import sequence_logprobs
 
 STEPS, KILLED_AT = 2, 1
@@ -55,12 +59,21 @@ def tiny_grpo_config(steps: int):
 # ------------------------------------------------------------------------------------------------ the loss
 def _fixed_batch():
     """Two states (prompts of 3 and 4 tokens) x K = 3 continuations; group 1 has equal rewards."""
-    states = [{"prompt_ids": [5, 6, 7]}, {"prompt_ids": [5, 6, 7, 8]}]
+    prompts = [[5, 6, 7], [5, 6, 7, 8]]
     conts = [[[11, 12], [13], [14, 15, 16]], [[17, 18], [19, 20], [21]]]
     rollout = [[[-0.5, -1.0], [-2.0], [-0.1, -0.3, -0.7]], [[-1.5, -0.2], [-0.9, -0.4], [-1.1]]]
-    samples = [[Sample(0, t, lp, "stop") for t, lp in zip(ts, lps)] for ts, lps in zip(conts, rollout)]
+    trajectories = [one_turn(prompt, t, lp) for prompt, ts, lps in zip(prompts, conts, rollout)
+                    for t, lp in zip(ts, lps)]
     rewards = np.array([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
-    return states, samples, rewards
+    return trajectories, rewards
+
+
+def one_turn(prompt: list[int], continuation: list[int], logprobs: list[float] | None = None,
+             finish_reason: str = "answered") -> Trajectory:
+    """The trajectory of a pivot state's one-turn episode, as `EpisodeRunner` builds it."""
+    p, n = len(prompt), len(continuation)
+    return Trajectory("t", prompt + continuation, [0] * p + [1] * n, [0.0] * p + list(logprobs or [0.0] * n),
+                      [-1] * p + [0] * n, p, turn_spans=[(p, p + n)], finish_reason=finish_reason)
 
 
 def _hand_loss(batch, logp, ref_logp, eps, eps_high, kl_coef, loss_agg):
@@ -94,7 +107,7 @@ def _hand_loss(batch, logp, ref_logp, eps, eps_high, kl_coef, loss_agg):
 @pytest.mark.parametrize("std_normalize,filter_zero,loss_agg", [
     (True, False, "seq-mean-token-mean"), (False, True, "token-mean"), (True, True, "seq-mean-token-sum-norm")])
 def test_group_advantages_and_loss_on_a_fixed_batch_match_hand_computation(std_normalize, filter_zero, loss_agg):
-    states, samples, rewards = _fixed_batch()
+    trajectories, rewards = _fixed_batch()
     adv, stats = group_advantages(rewards, std_normalize=std_normalize, return_stats=True)
     # group 0: mean 1/3, population std sqrt(2)/3; group 1: all equal -> 0 and counted
     centred = np.array([2 / 3, -1 / 3, -1 / 3])
@@ -103,7 +116,7 @@ def test_group_advantages_and_loss_on_a_fixed_batch_match_hand_computation(std_n
     np.testing.assert_array_equal(np.asarray(adv)[1], 0.0)
     assert int(stats["num_zero_variance"]) == 1 and float(stats["zero_variance_fraction"]) == 0.5
     keep = np.asarray(stats["keep"]) if filter_zero else np.ones(2, bool)
-    batch = continuation_batch(states, samples, np.asarray(adv), keep, 8, pad_id=0)
+    batch = group_batch(trajectories, np.asarray(adv), keep, 8, pad_id=0)
 
     # layout: row g*K + k = prompt g then continuation k; only continuation tokens of kept groups are actions
     np.testing.assert_array_equal(batch["tokens"][2], [5, 6, 7, 14, 15, 16, 0, 0])
@@ -173,27 +186,28 @@ def tiny_model():
 
 
 # ------------------------------------------------------------------------------------------------ real steps
-def synthetic_score(state, sample, tokenizer, rules):
-    """A deterministic reward in [0, 1] of the sampled tokens (varies within a group, so advantages do)."""
-    verdict = score_continuation(state, sample, tokenizer, rules)
-    return {**verdict, "reward": (sum(sample.tokens) % 7) / 6.0}
+def synthetic_reward(tokenizer):
+    """The stop verifier's verdict with a deterministic reward in [0, 1] of the sampled tokens (varies within a
+    group, so advantages do)."""
+    verifier = StopVerifierReward(tokenizer)
+
+    def reward(state, trajectory, grade):
+        start, end = trajectory.turn_spans[-1]
+        return (sum(trajectory.tokens[start:end]) % 7) / 6.0, verifier(state, trajectory, grade)[1]
+    return reward
 
 
 def run(config, workdir):
-    """run_grpo with synthetic rewards; also returns host copies of the reference weights when it was built."""
-    built = {}
-
-    def recording_reference(model, dtype):
-        graphdef, state = frozen_reference(model, dtype)
-        built["state"] = jax.device_get(nnx.to_pure_dict(state))
-        return graphdef, state
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(grpo_module, "score_continuation", synthetic_score)
-        patch.setattr(grpo_module, "frozen_reference", recording_reference)
-        save_run_config(config, workdir)
-        actor, history, (_, reference_state) = grpo_module.run_grpo(config, workdir)
-    return actor, history, reference_state, built["state"]
+    """`run_grpo`'s steps with the synthetic reward injected, through the algorithm object so the test also keeps
+    host copies of the reference weights as built, before the first step."""
+    save_run_config(config, workdir)
+    run_dir = RunDir(workdir)
+    model, tokenizer = starting_policy(config, run_dir)
+    grpo = PivotGrpo(config, model, tokenizer, run_dir.stage("grpo"), Seams(reward=synthetic_reward(tokenizer)))
+    reference_at_build = jax.device_get(nnx.to_pure_dict(grpo.reference_state))
+    history = run_loop(grpo, run_dir.stage("grpo"), grpo_cadence(config), train_cfg=config.get("train"),
+                       rollouts=grpo.rollouts)
+    return grpo.actor.model(), history, grpo.reference_state, reference_at_build
 
 
 @pytest.fixture(scope="module")
@@ -338,8 +352,8 @@ class CharTokenizer:
         return "".join(map(chr, ids))
 
 
-def _sample(text: str, finish_reason: str = "stop") -> Sample:
-    return Sample(0, [ord(c) for c in text], [0.0] * len(text), finish_reason)
+def _turn(text: str, finish_reason: str = "answered") -> Trajectory:
+    return one_turn([ord("x")], [ord(c) for c in text], finish_reason=finish_reason)
 
 
 def test_verifier_outcomes_of_known_continuations(browse_tasks, tmp_path):
@@ -351,24 +365,24 @@ def test_verifier_outcomes_of_known_continuations(browse_tasks, tmp_path):
     search = f"\n</think>\n\n<tool_call>\n<function=search>\n<parameter=query>\n{answer}\n</parameter>\n</function>\n" \
              f"</tool_call><|im_end|>"
     cases = [  # (state, continuation, finish reason, outcome)
-        (1, f"\n</think>\n\nFinal answer: {answer}<|im_end|>", "stop", "correct_stop"),
-        (1, search, "stop", "over_search"),
-        (0, f"\n</think>\n\nFinal answer: {answer}<|im_end|>", "stop", "premature"),
-        (0, search, "stop", "continue_insufficient"),
-        (1, f"\n</think>\n\nFinal answer: {entity}<|im_end|>", "stop", "wrong"),
-        (1, "\n</think>\n\nI think I know it.<|im_end|>", "stop", "malformed"),
-        (1, f"\n</think>\n\nFinal answer: {answer}", "length", "malformed"),  # cut off by max_turn_tokens
-        (1, "\n</think>\n\n<tool_call>\n<function=browse>\n</function>\n</tool_call><|im_end|>", "stop", "malformed"),
+        (1, f"\n</think>\n\nFinal answer: {answer}<|im_end|>", "answered", "correct_stop"),
+        (1, search, "turn_budget", "over_search"),
+        (0, f"\n</think>\n\nFinal answer: {answer}<|im_end|>", "answered", "premature"),
+        (0, search, "turn_budget", "continue_insufficient"),
+        (1, f"\n</think>\n\nFinal answer: {entity}<|im_end|>", "answered", "wrong"),
+        (1, "\n</think>\n\nI think I know it.<|im_end|>", "answered", "malformed"),
+        (1, f"\n</think>\n\nFinal answer: {answer}", "degenerate", "malformed"),  # cut off by max_turn_tokens
+        (1, "\n</think>\n\n<tool_call>\n<function=browse>\n</function>\n</tool_call><|im_end|>", "turn_budget",
+         "malformed"),
     ]
-    scores = []
+    scored = []
     for index, text, finish, outcome in cases:
-        verdict = score_continuation(states[index], _sample(text, finish), CharTokenizer(), dict(STOP_RULES))
+        reward, verdict = StopVerifierReward(CharTokenizer())(states[index], _turn(text, finish), {})
         assert verdict["outcome"] == outcome, (text, verdict)
-        assert verdict["reward"] == STOP_RULES[outcome]
-        assert verdict["cut_off"] == (finish == "length")
-        scores.append(verdict)
-    metrics = outcome_metrics([states[i] for i, *_ in cases[:4]], [[s] for s in scores[:4]],
-                              [[_sample(text)] for _, text, *_ in cases[:4]])
+        assert reward == verdict["reward"] == STOP_RULES[outcome]
+        assert verdict["cut_off"] == (finish == "degenerate")
+        scored.append(dataclasses.replace(_turn(text, finish), reward=reward, reward_parts=verdict))
+    metrics = outcome_metrics([states[i] for i, *_ in cases[:4]], scored[:4])
     assert metrics["over_search_rate"] == 0.5 and metrics["stop_rate_sufficient"] == 0.5
     assert metrics["premature_rate"] == 0.5 and metrics["reward"] == 0.5
 

@@ -9,7 +9,6 @@ whose gradient is NaN.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -35,10 +34,13 @@ from experiments.sft import sft_config  # noqa: E402
 from experiments.sft import tiny_sft as tiny_sft_section  # noqa: E402
 from mercury_jax.export import read_checkpoint_arrays, save_run_config  # noqa: E402
 from mercury_jax.train import preemption, setup  # noqa: E402
-from mercury_jax.train import sft as sft_module  # noqa: E402
+from mercury_jax.train.checkpoints import Checkpointer  # noqa: E402
 from mercury_jax.train.guards import NonFiniteError, NonFiniteGuard  # noqa: E402
 from mercury_jax.train.metrics import MetricsLogger  # noqa: E402
 from mercury_jax.train.resume import ResumeError, check_run_config, read_jsonl, truncate_jsonl  # noqa: E402
+from mercury_jax.train.rollouts import Seams  # noqa: E402
+from mercury_jax.train.sft import Sft  # noqa: E402
+from mercury_jax.train.sft import run_sft as sft_run  # noqa: E402
 from mercury_jax.train.state import TrainState, make_update_step  # noqa: E402
 
 
@@ -118,23 +120,14 @@ def tiny_sft(steps: int, *, every: int = 1, keep: int = 2):
 def run_sft(workdir, steps, *, poison_steps=(), train=None, every=1, keep=2):
     """run_sft on the tiny model; the batches of `poison_steps` get a NaN loss mask (inside the jitted step)."""
     model_cfg, cfg, sequences, checkpoint_cfg = tiny_sft(steps, every=every, keep=keep)
-    real = sft_module.make_update_step
 
-    def poisoning_make_update_step(*args, **kwargs):
-        step_fn, calls = real(*args, **kwargs), []
+    class PoisonedSft(Sft):
+        def batch(self, step):
+            batch = super().batch(step)
+            return {**batch, "loss_mask": batch["loss_mask"] * jnp.nan} if step in poison_steps else batch
 
-        def step(params, frozen, opt_state, batch):
-            calls.append(1)
-            if start + len(calls) in poison_steps:
-                batch = {**batch, "loss_mask": batch["loss_mask"] * jnp.nan}
-            return step_fn(params, frozen, opt_state, batch)
-        return step
-
-    start = max((int(p.name) for p in (Path(workdir) / "checkpoints").glob("[0-9]*")), default=0)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sft_module, "make_update_step", poisoning_make_update_step)
-        return sft_module.run_sft(cfg, setup.build_model(model_cfg, VOCAB, seed=0), sequences, workdir,
-                                  checkpoint_cfg=checkpoint_cfg, train_cfg=train)
+    return sft_run(cfg, setup.build_model(model_cfg, VOCAB, seed=0), sequences, workdir,
+                   checkpoint_cfg=checkpoint_cfg, train_cfg=train, algorithm=PoisonedSft)
 
 
 def _arrays(checkpoint_dir: Path, step: int, *subtree) -> dict:
@@ -189,40 +182,30 @@ def tiny_sao_config(steps: int):
     return c
 
 
-def synthetic_reward(trajectory) -> float:
+def synthetic_score(trajectory) -> float:
     """A deterministic score of the sampled tokens (an untrained policy earns 0 on every task: no signal)."""
     return (sum(t for t, m in zip(trajectory.tokens, trajectory.action_mask) if m) % 11) / 10.0
 
 
 def run_sao(config, workdir: Path, *, nan_reward_at_step: int | None = None, kill_at_save: int | None = None,
-            worker_step_delay_s: float = 0.0):
-    """run_sao with synthetic rewards; the batch of step `nan_reward_at_step` gets NaN rewards, the checkpoint
-    save of step `kill_at_save` is a kill (KeyboardInterrupt), each worker engine step sleeps `worker_step_delay_s`."""
-    from mercury_jax.rollout.episode import EpisodeRunner
-    from mercury_jax.rollout.worker import RolloutWorker
-    from mercury_jax.train import sao as sao_module
-    from mercury_jax.train.checkpoints import Checkpointer
+            engine_step_delay_s: float = 0.0):
+    """run_sao with injected parts: synthetic rewards (NaN for the training batch of step `nan_reward_at_step`), a
+    checkpointer whose save of step `kill_at_save` is a kill (KeyboardInterrupt), engines whose every step sleeps
+    `engine_step_delay_s`."""
+    from mercury_jax.rollout.engine import Engine
+    from mercury_jax.train.sao import run_sao as sao_run
 
-    train_batches = []
+    checkpoints = Path(workdir) / "sao" / "checkpoints"
+    start = max((int(p.name) for p in checkpoints.glob("[0-9]*")), default=0) if checkpoints.exists() else 0
+    train_ids = {t["task_id"] for t in setup.world_tasks(config.world, "train")}
+    train_rewards = []
 
-    class ScoringRunner(EpisodeRunner):
-        def run(self, tasks, **kwargs):
-            trajectories = super().run(tasks, **kwargs)
-            if kwargs.get("first_episode_id") is not None:  # a training batch (evaluations pass no episode id)
-                train_batches.append(1)
-            poisoned = len(train_batches) + start == nan_reward_at_step
-            return [dataclasses.replace(t, reward=float("nan") if poisoned else synthetic_reward(t))
-                    for t in trajectories]
-
-    class SlowWorker(RolloutWorker):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            step = self.engine.step
-
-            def slow_step():
-                time.sleep(worker_step_delay_s)
-                return step()
-            self.engine.step = slow_step
+    def reward(task, trajectory, grade):  # training batches hold batch_prompts train tasks, one batch a step
+        if task["task_id"] not in train_ids:
+            return synthetic_score(trajectory), {}
+        train_rewards.append(1)
+        step = start + (len(train_rewards) - 1) // config.sao.batch_prompts + 1
+        return float("nan") if step == nan_reward_at_step else synthetic_score(trajectory), {}
 
     class KillableCheckpointer(Checkpointer):
         def save(self, step, arrays, meta):
@@ -230,14 +213,14 @@ def run_sao(config, workdir: Path, *, nan_reward_at_step: int | None = None, kil
                 raise KeyboardInterrupt(f"killed before the checkpoint of step {step}")
             super().save(step, arrays, meta)
 
-    checkpoints = Path(workdir) / "sao" / "checkpoints"
-    start = max((int(p.name) for p in checkpoints.glob("[0-9]*")), default=0) if checkpoints.exists() else 0
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sao_module, "EpisodeRunner", ScoringRunner)
-        patch.setattr(sao_module, "RolloutWorker", SlowWorker)
-        patch.setattr(sao_module, "Checkpointer", KillableCheckpointer)
-        save_run_config(config, workdir)
-        return sao_module.run_sao(config, workdir)
+    class SlowEngine(Engine):
+        def step(self):
+            time.sleep(engine_step_delay_s)
+            return super().step()
+
+    save_run_config(config, workdir)
+    return sao_run(config, workdir, Seams(reward=reward, make_checkpointer=KillableCheckpointer,
+                                          make_engine=SlowEngine))
 
 
 @pytest.mark.slow
@@ -246,7 +229,7 @@ def test_async_sao_with_a_slow_rollout_worker_completes(tmp_path):
     next (donating) actor step while the worker still holds the publish; the worker must own its copy."""
     config = tiny_sao_config(4)
     config.rollout.mode, config.sao.eval_every, config.checkpoint.every = "async", 0, 0
-    _, _, history = run_sao(config, tmp_path, worker_step_delay_s=1.0)
+    _, _, history = run_sao(config, tmp_path, engine_step_delay_s=1.0)
     assert [r["step"] for r in history] == [1, 2, 3, 4]
     assert [r["policy_version"] for r in history] == [0, 1, 2, 3]
     assert all(np.isfinite(r["value_loss"]) for r in history)
@@ -275,7 +258,7 @@ def test_sao_nan_reward_stops_naming_the_step_and_a_replayed_evaluation_is_not_d
 @pytest.mark.slow
 def test_grpo_nan_reward_stops_naming_the_step_and_keeps_the_last_finite_checkpoint(tmp_path):
     from experiments.grpo import get_config
-    from mercury_jax.train import grpo as grpo_module
+    from mercury_jax.train.grpo import run_grpo
 
     config = get_config("tiny")
     config.model.overrides.num_hidden_layers = 2
@@ -284,19 +267,16 @@ def test_grpo_nan_reward_stops_naming_the_step_and_keeps_the_last_finite_checkpo
     config.grpo.steps, config.grpo.batch_states, config.grpo.group_size, config.grpo.pivot_tasks = 3, 2, 4, 4
     config.rollout.num_slots, config.rollout.max_turn_tokens = 8, 16
     config.checkpoint.keep = 1
-    real_score, scored = grpo_module.score_continuation, []
+    scored = []
 
-    def score(state, sample, tokenizer, rules):  # 2 states x 4 continuations a step; step 2's rewards are NaN
+    def reward(state, trajectory, grade):  # 2 states x 4 continuations a step; step 2's rewards are NaN
         scored.append(1)
-        verdict = real_score(state, sample, tokenizer, rules)
-        reward = float("nan") if (len(scored) - 1) // 8 + 1 == 2 else (sum(sample.tokens) % 7) / 6.0
-        return {**verdict, "reward": reward}
+        start, end = trajectory.turn_spans[-1]
+        return float("nan") if (len(scored) - 1) // 8 + 1 == 2 else (sum(trajectory.tokens[start:end]) % 7) / 6.0, {}
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(grpo_module, "score_continuation", score)
-        save_run_config(config, tmp_path)
-        with pytest.raises(NonFiniteError, match=r"\[grpo\] step 2: non-finite actor update"):
-            grpo_module.run_grpo(config, tmp_path)
+    save_run_config(config, tmp_path)
+    with pytest.raises(NonFiniteError, match=r"\[grpo\] step 2: non-finite actor update"):
+        run_grpo(config, tmp_path, Seams(reward=reward))
     checkpoints = tmp_path / "grpo" / "checkpoints"
     assert _steps(checkpoints) == [1]
     for path, value in read_checkpoint_arrays(checkpoints / "1" / "arrays", ("actor", "params")).items():

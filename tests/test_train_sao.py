@@ -4,13 +4,11 @@ One uninterrupted tiny run (3 steps: 1 critic-only, then 2 with policy updates; 
 2 devices, a checkpoint every step) serves most tests; its checkpoints are read back with
 `mercury_jax.export.read_checkpoint_arrays`. The tiny policy after 2 SFT steps earns reward 0 on every task, which
 makes every advantage, value target and gradient 0 (nothing would move, and every test below would pass
-vacuously); so the runs score trajectories with a synthetic, deterministic reward of their action tokens. Two
-test-side wrappers, patched into `mercury_jax.train.sao`, do that and record the weights the trainer publishes to
-the rollout engine.
+vacuously); so the runs inject (`rollouts.Seams`) a synthetic, deterministic reward of their action tokens and an
+engine that records the weights the trainer publishes to it.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import subprocess
@@ -24,11 +22,20 @@ import torch
 from flax import nnx
 
 from experiments.sao import get_config
-from mercury_jax.export import ExportError, export_run, load_run_config, read_checkpoint_arrays, save_run_config
+from mercury_jax.export import (
+    ExportError,
+    export_run,
+    load_run_config,
+    read_checkpoint_arrays,
+    run_tokenizer,
+    save_run_config,
+)
 from mercury_jax.export import main as export_main
 from mercury_jax.rollout.engine import Engine
-from mercury_jax.rollout.episode import EpisodeRunner
-from mercury_jax.train import sao as sao_module
+from mercury_jax.train import setup
+from mercury_jax.train.rollouts import Seams
+from mercury_jax.train.rundir import RunDir
+from mercury_jax.train.sao import Sao, run_sao
 from mercury_jax.train.validate import ConfigError, validate_config
 
 pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")  # tests/conftest.py
@@ -51,21 +58,19 @@ def tiny_sao_config(steps: int):
     return c
 
 
-def synthetic_reward(trajectory) -> float:
+def synthetic_score(trajectory) -> float:
     """A deterministic score in [0, 1] of the sampled tokens (varies across trajectories, so advantages do)."""
     actions = [tok for tok, m in zip(trajectory.tokens, trajectory.action_mask) if m]
     return (sum(actions) % 11) / 10.0
 
 
-class ScoringRunner(EpisodeRunner):
-    behaviours = []  # the behaviour settings of every runner the trainer built
+def synthetic_reward(config):
+    """The run's own reward parts (effects, multiplier...) with the synthetic score as the reward."""
+    real = setup.episode_reward(config)
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        ScoringRunner.behaviours.append(self.behaviour)
-
-    def run(self, tasks, **kwargs):
-        return [dataclasses.replace(t, reward=synthetic_reward(t)) for t in super().run(tasks, **kwargs)]
+    def reward(task, trajectory, grade):
+        return synthetic_score(trajectory), real(task, trajectory, grade)[1]
+    return reward
 
 
 class RecordingEngine(Engine):
@@ -84,11 +89,9 @@ class RecordingEngine(Engine):
 
 
 def run(config, workdir: Path):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sao_module, "EpisodeRunner", ScoringRunner)
-        patch.setattr(sao_module, "Engine", RecordingEngine)
-        save_run_config(config, workdir)
-        actor, critic, history = sao_module.run_sao(config, workdir)
+    save_run_config(config, workdir)
+    actor, critic, history = run_sao(config, workdir, Seams(reward=synthetic_reward(config),
+                                                            make_engine=RecordingEngine))
     return actor, critic, history, RecordingEngine.last.published
 
 
@@ -193,15 +196,18 @@ def test_critic_token_mixing_and_embedding_frozen_rest_trains(full_run):
 
 
 @pytest.mark.slow
-def test_runners_take_the_behaviour_section_of_the_config(full_run):
+def test_runners_take_the_behaviour_section_of_the_config(full_run, tmp_path):
     from mercury_jax.envs.behaviour import BehaviourConfig
-    from mercury_jax.train import setup
 
     config = tiny_sao_config(1)
     expected = BehaviourConfig(**{**get_config("tiny").behaviour.to_dict(), "turn_budget_strength": 0.25})
     assert expected != BehaviourConfig(turn_budget_strength=0.25)  # :tiny also turns the malformed-calls factor on
     assert setup.behaviour(config) == expected
-    assert ScoringRunner.behaviours and set(ScoringRunner.behaviours) == {expected}  # the module's runs built them
+    # without an injected reward the trainer's train and held-out runners pay with the config's behaviour
+    tokenizer = run_tokenizer(config, full_run["workdir"])
+    sao = Sao(config, setup.build_model(config.model, tokenizer.vocab_size, 0), tokenizer,
+              RunDir(tmp_path).stage("sao"))
+    assert sao.rollouts.runner.reward.behaviour == expected and sao.eval_runner.reward.behaviour == expected
     del config.behaviour  # a run config written before the section existed
     assert setup.behaviour(config) == BehaviourConfig()
 
