@@ -5,6 +5,9 @@ first `rotary_dim` dims. Query head h reads KV head h // (Nq / Nkv).
     o = softmax(q k^T * D^-0.5 + mask) v;   out = (o * sigmoid(gate)) @ o_proj
 The mask is causal, and with `segment_ids` also block-diagonal (packed documents never see each other).
 With a cache, new keys/values are written at each row's next positions and queries attend to the whole cache.
+Without one (full forwards), `config.attention_impl` picks how the softmax is computed: "dense" builds the
+[B, K, G, T, S] scores, "blockwise" an online softmax over key blocks (`blockwise_attention.py`), "splash" the
+Pallas TPU kernel (`splash_attention.py`). The cached path is always dense (its scores are [T, cache length]).
 """
 from __future__ import annotations
 
@@ -12,10 +15,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.qwen35_moe.config import Qwen35MoeConfig
+from models.qwen35_moe.blockwise_attention import blockwise_attention
+from models.qwen35_moe.config import ATTENTION_IMPLS, Qwen35MoeConfig
 from models.qwen35_moe.norms import RMSNorm
 from models.qwen35_moe.params import cast, make_param, normal_init
 from models.qwen35_moe.rope import apply_rope, rope_cos_sin
+from models.qwen35_moe.splash_attention import splash_self_attention
 
 _MASKED = -1e30
 
@@ -50,11 +55,8 @@ class Attention(nnx.Module):
         key_BxTxKxD = apply_rope(key_BxTxKxD, cos, sin)
 
         if cache is None:
-            keys_BxSxKxD, values_BxSxKxD = key_BxTxKxD, value_BxTxKxD
-            q_index_BxT = jnp.broadcast_to(jnp.arange(T), (B, T))
-            visible_BxTxS = q_index_BxT[:, :, None] >= q_index_BxT[:, None, :]
-            if segment_ids_BxT is not None:
-                visible_BxTxS &= segment_ids_BxT[:, :, None] == segment_ids_BxT[:, None, :]
+            out_BxTxNxD = self_attention(query_BxTxNxD, key_BxTxKxD, value_BxTxKxD, segment_ids_BxT,
+                                         impl=cfg.attention_impl)
             new_cache = None
         else:
             S = cache["k"].shape[1]
@@ -70,10 +72,26 @@ class Attention(nnx.Module):
             q_index_BxT = cache_start_B[:, None] + jnp.arange(T)[None, :]
             visible_BxTxS = jnp.arange(S)[None, None, :] <= q_index_BxT[:, :, None]
             keys_BxSxKxD, values_BxSxKxD = keys_BxSxKxD.astype(dt), values_BxSxKxD.astype(dt)
-
-        out_BxTxNxD = grouped_attention(query_BxTxNxD, keys_BxSxKxD, values_BxSxKxD, visible_BxTxS)
+            out_BxTxNxD = grouped_attention(query_BxTxNxD, keys_BxSxKxD, values_BxSxKxD, visible_BxTxS)
         out_BxTxNxD = out_BxTxNxD * jax.nn.sigmoid(gate_BxTxNxD)
         return jnp.einsum("btnd,ndh->bth", out_BxTxNxD, cast(self.o_proj, dt)), new_cache
+
+
+def self_attention(query_BxTxNxD: jax.Array, key_BxTxKxD: jax.Array, value_BxTxKxD: jax.Array,
+                   segment_ids_BxT: jax.Array | None, *, impl: str) -> jax.Array:
+    """Causal (and, with segment ids, block-diagonal) attention of a row over itself, by implementation `impl`."""
+    if impl == "blockwise":
+        return blockwise_attention(query_BxTxNxD, key_BxTxKxD, value_BxTxKxD, segment_ids_BxT)
+    if impl == "splash":
+        return splash_self_attention(query_BxTxNxD, key_BxTxKxD, value_BxTxKxD, segment_ids_BxT)
+    if impl != "dense":
+        raise ValueError(f"attention_impl {impl!r} is not one of {ATTENTION_IMPLS}")
+    B, T = query_BxTxNxD.shape[:2]
+    index_T = jnp.arange(T)
+    visible_BxTxS = jnp.broadcast_to(index_T[:, None] >= index_T[None, :], (B, T, T))
+    if segment_ids_BxT is not None:
+        visible_BxTxS = visible_BxTxS & (segment_ids_BxT[:, :, None] == segment_ids_BxT[:, None, :])
+    return grouped_attention(query_BxTxNxD, key_BxTxKxD, value_BxTxKxD, visible_BxTxS)
 
 
 def grouped_attention(query_BxTxNxD: jax.Array, keys_BxSxKxD: jax.Array, values_BxSxKxD: jax.Array,

@@ -21,6 +21,8 @@ FULL_ATTENTION = "full_attention"
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 GDN_IMPLS = GATED_DELTA_IMPLS  # the kernel registry: "auto", "chunked", "pallas", "recurrent"
 MOE_IMPLS = ("ragged", "dense", "ep")
+# "dense": [T, S] scores; "blockwise": online softmax over key blocks (pure JAX); "splash": the Pallas TPU kernel
+ATTENTION_IMPLS = ("dense", "blockwise", "splash")
 _HF_IGNORED_KEYS = {"attn_output_gate", "mamba_ssm_dtype", "output_gate_type", "use_cache", "dtype", "torch_dtype",
                     "transformers_version", "architectures", "model_type", "layer_types", "rope_parameters",
                     "rope_scaling", "full_attention_interval", "rope_theta", "partial_rotary_factor",
@@ -76,6 +78,7 @@ class Qwen35MoeConfig:
     gdn_impl: str = "chunked"
     gdn_chunk_size: int = 64
     moe_impl: str = "ragged"  # "ragged": sort + ragged_dot; "dense": all experts; "ep": expert parallel (moe_ep.py)
+    attention_impl: str = "dense"  # full forwards only (training, scoring); the decode path is always dense
 
     def __post_init__(self):
         if self.layer_types is None:
@@ -112,6 +115,8 @@ class Qwen35MoeConfig:
             problems.append(f"remat_policy {self.remat_policy!r} is not one of {REMAT_POLICIES}")
         if self.moe_impl not in MOE_IMPLS:
             problems.append(f"moe_impl {self.moe_impl!r} is not one of {MOE_IMPLS}")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            problems.append(f"attention_impl {self.attention_impl!r} is not one of {ATTENTION_IMPLS}")
         if self.gdn_impl not in GDN_IMPLS:
             problems.append(f"gdn_impl {self.gdn_impl!r} is not one of {GDN_IMPLS}")
         for name in ("dtype", "param_dtype"):
