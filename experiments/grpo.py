@@ -49,7 +49,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     g.filter_zero_variance = False       # all-equal groups are always counted; True drops them from the loss
     g.loss_agg = "seq-mean-token-mean"
     g.ppo_epochs = 1
-    g.minibatches = 1
+    g.minibatches = 1                    # optimiser steps per epoch
+    # gradient accumulation inside each optimiser step (train/microbatch.py): 128 rows over 64 actor chips = 2
+    # rows per chip, so 2 micro-batches of 1 row per chip
+    g.micro_batches = 2
     g.actor_optimizer = ml_collections.ConfigDict(dict(lr=1e-6, warmup_steps=0, b1=0.9, b2=0.999, eps=1e-8,
                                                        weight_decay=0.0, grad_clip=1.0))
     g.stop_rules = ml_collections.ConfigDict(dict(STOP_RULES))  # stop-verifier weights (stop_verifier.py)
@@ -83,6 +86,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.sft.steps, c.sft.batch_rows, c.sft.row_length = 560, 4, 1024
         c.sft.checkpoint.every = 50
         g.steps = 30
+        g.micro_batches = 1
         g.actor_optimizer.lr = 1e-4
         g.pivots_path, g.pivot_source, g.pivot_tasks = "", "oracle", 256
         r.num_slots, r.max_turn_tokens, r.max_total_tokens, r.max_tool_turns = 64, 48, 512, 4

@@ -16,6 +16,9 @@ def sft_config() -> ml_collections.ConfigDict:
     c.steps = 2000
     c.batch_rows = 64
     c.row_length = 32768
+    # gradient accumulation inside each step (train/microbatch.py): SFT trains on one device (train/sft.py builds
+    # no mesh), so 64 micro-batches of one 32,768-token row; with a device group of N chips it would be 64 / N
+    c.micro_batches = 64
     c.optimizer = ml_collections.ConfigDict(dict(lr=1e-5, warmup_steps=50, b1=0.9, b2=0.98, eps=1e-8,
                                                  weight_decay=0.0, grad_clip=1.0))
     c.log_every = 10
@@ -26,6 +29,7 @@ def tiny_sft(c: ml_collections.ConfigDict) -> None:
     """`:tiny` overrides of an `sft` section."""
     c.steps = 200
     c.batch_rows = 8
+    c.micro_batches = 1
     c.row_length = 800
     c.optimizer.lr = 1e-3
     c.optimizer.warmup_steps = 20

@@ -21,18 +21,23 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mercury_jax.rl.losses import LOG_RATIO_CLAMP, kl_loss, ppo_clip_loss
+from mercury_jax.train.microbatch import mask_totals, token_share
 from mercury_jax.train.state import make_update_step
 from models.qwen35_moe.logprobs import sequence_logprobs
 
+# grpo_loss's metrics that are means over the batch's action tokens (micro-batches report them as token shares)
+TOKEN_MEAN_METRICS = ("kl", "clip_fraction", "clip_low_fraction", "clip_high_fraction", "mean_ratio")
+
 
 def grpo_loss(logp, rollout_logp, ref_logp, advantages, action_mask, *, eps, eps_high, kl_coef, kl_estimator="k3",
-              loss_agg="seq-mean-token-mean"):
+              loss_agg="seq-mean-token-mean", denominator=None):
     """(loss, metrics) of the module docstring on [B, T] arrays; metrics hold the policy and KL terms, the KL's
-    token mean, the clip fractions and the mean ratio (all scalars)."""
+    token mean, the clip fractions and the mean ratio (all scalars). `denominator` (the whole step's, for
+    micro-batches) normalises both aggregated terms (aggregation.py); the token means stay this batch's."""
     policy_loss, pg_aux = ppo_clip_loss(logp, rollout_logp, advantages, action_mask, eps_low=eps, eps_high=eps_high,
-                                        loss_agg=loss_agg)
+                                        loss_agg=loss_agg, denominator=denominator)
     kl_term, kl_aux = kl_loss(logp, ref_logp, action_mask, estimator=kl_estimator, clamp=LOG_RATIO_CLAMP,
-                              loss_agg=loss_agg)
+                              loss_agg=loss_agg, denominator=denominator)
     loss = policy_loss + kl_coef * kl_term
     return loss, {"policy_loss": policy_loss, "kl_loss": kl_term, "kl": kl_aux["mean_kl"],
                   "clip_fraction": pg_aux["clip_fraction"], "clip_low_fraction": pg_aux["clip_low_fraction"],
@@ -46,18 +51,30 @@ def make_grpo_step(actor_graphdef, tx, cfg, *, state_shardings=None):
     `state_shardings` ((params, opt_state) shardings, e.g. of the arrays passed in) pins the outputs to the
     inputs' layout: otherwise the compiler may return an equivalent layout under another name (P() for
     P(None, None)), and the second step, seeing new input shardings, would compile the whole step again.
+
+    `cfg.micro_batches` M > 1 accumulates the gradient of this one optimiser step over M micro-batches of rows
+    (microbatch.py); loss and metrics are the whole batch's. (`cfg.minibatches` are separate optimiser steps.)
     """
-    def loss_fn(actor, batch):
+    def loss_fn(actor, batch, totals=None):
         logp = sequence_logprobs(actor, batch["tokens"])
         mask = batch["action_mask"]
         loss, metrics = grpo_loss(logp, batch["rollout_logprobs"], batch["ref_logprobs"], batch["advantages"], mask,
                                   eps=cfg.eps, eps_high=cfg.eps_high, kl_coef=cfg.kl_coef,
-                                  kl_estimator=cfg.kl_estimator, loss_agg=cfg.loss_agg)
-        count = jnp.maximum(jnp.sum(mask), 1.0)
-        metrics["logp_train_rollout_gap"] = jnp.sum(jnp.abs(logp - batch["rollout_logprobs"]) * mask) / count
+                                  kl_estimator=cfg.kl_estimator, loss_agg=cfg.loss_agg,
+                                  denominator=None if totals is None else totals["den"])
+        gap_sum = jnp.sum(jnp.abs(logp - batch["rollout_logprobs"]) * mask)
+        if totals is None:
+            count = jnp.maximum(jnp.sum(mask), 1.0)
+            metrics["logp_train_rollout_gap"] = gap_sum / count
+            return loss, metrics
+        count = jnp.sum(jnp.asarray(mask, jnp.float32))
+        for key in TOKEN_MEAN_METRICS:
+            metrics[key] = token_share(metrics[key], count, totals["tokens"])
+        metrics["logp_train_rollout_gap"] = gap_sum / jnp.maximum(totals["tokens"], 1.0)
         return loss, metrics
 
-    return make_update_step(actor_graphdef, tx, loss_fn, state_shardings=state_shardings)
+    return make_update_step(actor_graphdef, tx, loss_fn, state_shardings=state_shardings,
+                            micro_batches=cfg.get("micro_batches", 1), totals_fn=mask_totals(cfg.loss_agg))
 
 
 def make_reference_logprobs(reference_graphdef):

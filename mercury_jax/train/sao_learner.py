@@ -6,7 +6,9 @@
     G        = skip_observation_gae(r, V, mask; gamma, lam_critic) + V targets (Monte-Carlo R with gamma = lam = 1)
     critic:  K epochs of 0.5 (V - G)^2, token-mean over action tokens
     actor:   DIS loss on r_t = exp(logp_t - rollout_logp_t); -sg(r) A logp inside (1 - eps_low, 1 + eps_high)
-Advantages and targets are computed once per step from the critic before its updates.
+Advantages and targets are computed once per step from the critic before its updates. The actor and critic steps
+accumulate over `sao.actor_micro_batches` / `sao.critic_micro_batches` micro-batches of rows (microbatch.py), the
+loss and metrics normalised by the whole batch's denominators, so they equal the whole-batch step's.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from flax import nnx
 
 from mercury_jax.rl.advantages import length_adaptive_lambda, masked_whiten, skip_observation_gae
 from mercury_jax.rl.losses import dis_policy_loss, value_loss
+from mercury_jax.train.microbatch import mask_totals, token_share
 from mercury_jax.train.state import make_update_step
 from models.qwen35_moe.logprobs import sequence_logprobs
 
@@ -53,23 +56,37 @@ def make_advantage_fn(critic_graphdef, cfg):
 
 
 def make_critic_step(critic_graphdef, tx, cfg, *, state_shardings=None):
-    def loss_fn(critic, batch):
+    """jit(params, frozen, opt_state, batch) -> (params, opt_state, metrics) of the clipped value loss; with
+    `cfg.critic_micro_batches` M > 1 the gradient is accumulated over M micro-batches of rows (microbatch.py)."""
+    def loss_fn(critic, batch, totals=None):
         values = aligned_values(critic, batch["tokens"])
-        loss, aux = value_loss(values, batch["returns"], batch["action_mask"],
-                               old_values=batch["old_values"] if cfg.value_clip else None,
-                               value_clip=cfg.value_clip or None, loss_agg=cfg.loss_agg)
+        loss, _ = value_loss(values, batch["returns"], batch["action_mask"],
+                             old_values=batch["old_values"] if cfg.value_clip else None,
+                             value_clip=cfg.value_clip or None, loss_agg=cfg.loss_agg,
+                             denominator=None if totals is None else totals["den"])
         return loss, {"value_loss": loss}
-    return make_update_step(critic_graphdef, tx, loss_fn, state_shardings=state_shardings)
+    return make_update_step(critic_graphdef, tx, loss_fn, state_shardings=state_shardings,
+                            micro_batches=cfg.get("critic_micro_batches", 1), totals_fn=mask_totals(cfg.loss_agg))
 
 
 def make_actor_step(actor_graphdef, tx, cfg, *, state_shardings=None):
-    def loss_fn(actor, batch):
+    """jit(params, frozen, opt_state, batch) -> (params, opt_state, metrics) of the DIS loss; with
+    `cfg.actor_micro_batches` M > 1 the gradient is accumulated over M micro-batches of rows (microbatch.py)."""
+    def loss_fn(actor, batch, totals=None):
         logp = sequence_logprobs(actor, batch["tokens"])
         mask = batch["action_mask"]
         loss, aux = dis_policy_loss(logp, batch["rollout_logprobs"], batch["advantages"], mask,
-                                    eps_low=cfg.eps_low, eps_high=cfg.eps_high, loss_agg=cfg.loss_agg)
-        count = jnp.maximum(jnp.sum(mask), 1.0)
-        gap = jnp.sum(jnp.abs(logp - batch["rollout_logprobs"]) * mask) / count
-        return loss, {"policy_loss": loss, "dis_masked_fraction": aux["masked_fraction"],
-                      "mean_ratio": aux["mean_ratio"], "logp_train_rollout_gap": gap}
-    return make_update_step(actor_graphdef, tx, loss_fn, state_shardings=state_shardings)
+                                    eps_low=cfg.eps_low, eps_high=cfg.eps_high, loss_agg=cfg.loss_agg,
+                                    denominator=None if totals is None else totals["den"])
+        gap_sum = jnp.sum(jnp.abs(logp - batch["rollout_logprobs"]) * mask)
+        if totals is None:
+            count = jnp.maximum(jnp.sum(mask), 1.0)
+            return loss, {"policy_loss": loss, "dis_masked_fraction": aux["masked_fraction"],
+                          "mean_ratio": aux["mean_ratio"], "logp_train_rollout_gap": gap_sum / count}
+        tokens = jnp.maximum(totals["tokens"], 1.0)
+        return loss, {"policy_loss": loss, "dis_masked_fraction": aux["num_masked"] / tokens,
+                      "mean_ratio": token_share(aux["mean_ratio"], aux["num_action_tokens"], totals["tokens"]),
+                      "logp_train_rollout_gap": gap_sum / tokens}
+    return make_update_step(actor_graphdef, tx, loss_fn, state_shardings=state_shardings,
+                            micro_batches=cfg.get("actor_micro_batches", 1), totals_fn=mask_totals(cfg.loss_agg))
+

@@ -15,6 +15,7 @@ import optax
 from flax import nnx
 
 from mercury_jax.train.guards import finite_flag, keep_if_finite
+from mercury_jax.train.microbatch import accumulate
 
 
 @dataclasses.dataclass
@@ -44,17 +45,37 @@ class TrainState:
 
 
 def make_update_step(graphdef, tx: optax.GradientTransformation, loss_fn: Callable, *, donate: bool = True,
-                     state_shardings=None):
+                     state_shardings=None, micro_batches: int = 1, totals_fn: Callable | None = None):
     """jit(params, frozen, opt_state, batch) -> (params, opt_state, metrics) for `loss_fn(model, batch) -> (loss,
     metrics)`; metrics gain `loss` and `grad_norm`. A step whose loss or gradient norm is not finite returns params
     and opt_state unchanged (`guards.NonFiniteGuard` decides on the host whether the run goes on).
     `state_shardings` ((params, opt_state) shardings) pins the outputs to that layout, so the next step sees the
-    same input layout and does not compile again."""
-    def step(params, frozen, opt_state, batch):
-        def wrapped(p):
-            return loss_fn(nnx.merge(graphdef, p, frozen), batch)
+    same input layout and does not compile again.
 
-        (loss, metrics), grads = jax.value_and_grad(wrapped, has_aux=True)(params)
+    `micro_batches` M > 1 accumulates the gradient over M micro-batches of whole rows inside the step
+    (`microbatch.py`): `totals_fn(batch)` gives the whole batch's denominators, and `loss_fn(model, micro_batch,
+    totals)` returns shares that add up to the whole-batch loss and metrics. The optimiser runs once on the summed
+    gradient. M = 1 is the plain whole-batch step, `totals_fn` unused."""
+    if micro_batches < 1:
+        raise ValueError(f"micro_batches is {micro_batches}; use 1 (the whole batch at once) or more")
+    if micro_batches > 1 and totals_fn is None:
+        raise ValueError(f"micro_batches={micro_batches} needs totals_fn (the whole batch's denominators) and a "
+                         f"loss_fn(model, batch, totals) that returns shares (mercury_jax/train/microbatch.py)")
+    grad_shardings = None if state_shardings is None else state_shardings[0]
+
+    def loss_and_grad(params, frozen, batch):
+        if micro_batches == 1:
+            def wrapped(p):
+                return loss_fn(nnx.merge(graphdef, p, frozen), batch)
+            return jax.value_and_grad(wrapped, has_aux=True)(params)
+        totals = totals_fn(batch)
+
+        def share(p, micro_batch):
+            return loss_fn(nnx.merge(graphdef, p, frozen), micro_batch, totals)
+        return accumulate(share, params, batch, micro_batches, grad_shardings=grad_shardings)
+
+    def step(params, frozen, opt_state, batch):
+        (loss, metrics), grads = loss_and_grad(params, frozen, batch)
         grad_norm = optax.tree.norm(grads)
         updates, new_opt_state = tx.update(grads, opt_state, params)
         # a non-finite loss or gradient changes nothing (guards.py); the host reads the same test from the metrics

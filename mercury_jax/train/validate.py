@@ -44,6 +44,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
                           f"python -m mercury_jax.envs.generate --out DIR")
     if "behaviour" in config:
         _validate_behaviour(config.behaviour)
+    # SFT trains on one device (train/sft.py builds no mesh): all its rows are one data shard
+    _check_micro_batches("sft.micro_batches", config.sft.get("micro_batches", 1), config.sft.batch_rows, 1,
+                         "sft.batch_rows", "SFT")
     if "train" in config:
         try:
             NonFiniteGuard.from_config(config.train, name=pipeline)
@@ -53,6 +56,19 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         _validate_sao(config)
     if pipeline == "grpo":
         _validate_grpo(config)
+
+
+def _check_micro_batches(field: str, micro_batches, rows: int, shards: int, rows_field: str, group: str) -> None:
+    """A learner step's micro-batches split each data shard's rows into equal whole parts (train/microbatch.py):
+    `micro_batches` must divide rows / shards."""
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
+        raise ConfigError(f"{field} is {micro_batches!r}; use a whole number >= 1 (1: the whole batch in one pass)")
+    per_shard = rows // shards
+    if per_shard % micro_batches:
+        fits = [d for d in range(1, per_shard + 1) if per_shard % d == 0]
+        raise ConfigError(f"{field} = {micro_batches} does not divide the {per_shard} rows per data shard "
+                          f"({rows_field} = {rows} rows over {shards} {group} device(s)); set {field} to one of "
+                          f"{fits}, or change {rows_field}")
 
 
 def _validate_behaviour(behaviour) -> None:
@@ -81,6 +97,8 @@ def _validate_sao(config) -> None:
         if config.sao.batch_prompts % groups[name]:
             raise ConfigError(f"sao.batch_prompts {config.sao.batch_prompts} is not divisible by the {groups[name]} "
                               f"{name} devices; change sao.batch_prompts or devices.{name}")
+        _check_micro_batches(f"sao.{name}_micro_batches", config.sao.get(f"{name}_micro_batches", 1),
+                             config.sao.batch_prompts, groups[name], "sao.batch_prompts", name)
     if not 0 < config.sao.eps_low < 1 or config.sao.eps_high <= 0:
         raise ConfigError(f"sao.eps_low must be in (0, 1) and sao.eps_high > 0, got {config.sao.eps_low}, "
                           f"{config.sao.eps_high}")
@@ -113,6 +131,8 @@ def _validate_grpo(config) -> None:
         raise ConfigError(f"a minibatch of {rows // g.minibatches} rows (grpo.batch_states x grpo.group_size / "
                           f"grpo.minibatches) is not divisible by the {actor_devices} actor devices; change "
                           f"grpo.batch_states or devices.actor")
+    _check_micro_batches("grpo.micro_batches", g.get("micro_batches", 1), rows // g.minibatches, actor_devices,
+                         "grpo.batch_states x grpo.group_size / grpo.minibatches", "actor")
     if g.kl_coef < 0:
         raise ConfigError(f"grpo.kl_coef must be >= 0 (0 turns the KL off), got {g.kl_coef}")
     if g.kl_estimator not in ("k1", "k2", "k3"):

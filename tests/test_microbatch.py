@@ -1,0 +1,259 @@
+"""Exact micro-batching (gradient accumulation) of the learner steps: M micro-batches give the whole batch's
+gradient, loss and metrics, for the SAO actor (DIS) and critic, pivot GRPO and SFT.
+
+Reference: the same step maker with micro_batches=1, the whole-batch program (one value_and_grad over all rows).
+The optimiser is `capture_gradients`: its state is the gradient it was handed and its update is 0, so a step's
+opt_state output IS the accumulated gradient the optimiser saw, once per step.
+
+Setting: the 8-device CPU mesh data=2 x fsdp=2 x expert=2, parameters sharded by their logical axes, rows over
+(data, fsdp); 16 rows of different prompt and action lengths, two of them with an empty action mask; M = 4 (one row
+per data shard per micro-batch). `TokenMixture` (a per-token MoE-like stand-in with parameters on fsdp and expert)
+serves where the real model is not needed; the actor step also runs on the real 2-layer tiny model.
+
+Tolerance, fp32: metrics to rtol 1e-6, each gradient leaf to |g_M - g_1|_2 <= 1e-6 |g_1|_2. The two programs
+compute the same per-token terms and differ only in how sums over the <= 256 tokens are ordered (one sum over the
+batch vs M partial sums added) and, for token means, in one extra rounding (`token_share`); fp32 rounding is 6e-8
+per operation, and the observed differences are <= 2e-7 for metrics and <= 5e-7 for gradient leaves. The test data
+keep every quantity away from cancellation (advantages of one sign on average, returns away from the values) and
+every ratio >= 1e-3 from a clip edge, so no count can flip. A per-micro-batch denominator or a mean of
+per-micro-batch metrics moves the values by > 1e-2.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from mercury_jax.parallel import make_mesh, shard_params
+from mercury_jax.train.grpo_learner import make_grpo_step
+from mercury_jax.train.microbatch import MicroBatchError, split_rows
+from mercury_jax.train.placement import batch_to_mesh, step_shardings
+from mercury_jax.train.sao_learner import make_actor_step, make_critic_step
+from mercury_jax.train.sft_learner import make_sft_step
+from mercury_jax.train.state import TrainState, make_update_step
+from models.qwen35_moe import Qwen35MoeForCausalLM
+from models.qwen35_moe import config as C
+from models.qwen35_moe.logprobs import sequence_logprobs
+from models.qwen35_moe.params import make_param, normal_init
+
+V, H, E = 64, 32, 4
+B, T, M = 16, 16, 4
+EMPTY_ROWS = (3, 10)
+RTOL = 1e-6
+EDGE_MARGIN = 1e-3
+
+
+class TokenMixture(nnx.Module):
+    """h_t = x_t + x_{t-1} / 2 (x = embed(token), no mixing across segments), then h + sum_e softmax(h R)_e
+    tanh(h W_e); the policy's lm head is [H, V], the critic's values h . u. Parameters: embed/lm head over fsdp,
+    experts over expert x fsdp."""
+    def __init__(self, rngs: nnx.Rngs):
+        self.embed = make_param(rngs, normal_init(0.5), (V, H), ("vocab", "embed"), jnp.float32)
+        self.router = make_param(rngs, normal_init(0.5), (H, E), ("embed", "experts_router"), jnp.float32)
+        self.experts = make_param(rngs, normal_init(0.3), (E, H, H), ("experts", "embed", "mlp"), jnp.float32)
+        self.head = make_param(rngs, normal_init(0.3), (H, V), ("embed", "vocab"), jnp.float32)
+        self.value_head = make_param(rngs, normal_init(0.3), (H,), ("embed",), jnp.float32)
+
+    def hidden_states(self, ids_BxT, *, positions=None, segment_ids=None):
+        x_BxTxH = self.embed[...][ids_BxT]
+        prev_BxTxH = jnp.pad(x_BxTxH[:, :-1], ((0, 0), (1, 0), (0, 0)))
+        if segment_ids is not None:
+            same_BxT = jnp.pad(segment_ids[:, 1:] == segment_ids[:, :-1], ((0, 0), (1, 0)))
+            prev_BxTxH = prev_BxTxH * same_BxT[..., None]
+        h_BxTxH = x_BxTxH + 0.5 * prev_BxTxH
+        gate_BxTxE = jax.nn.softmax(h_BxTxH @ self.router[...], axis=-1)
+        expert_BxTxExH = jnp.tanh(jnp.einsum("bth,ehk->btek", h_BxTxH, self.experts[...]))
+        return h_BxTxH + jnp.einsum("bte,btek->btk", gate_BxTxE, expert_BxTxExH), {}
+
+    def lm_head_weight(self):
+        return self.head[...]
+
+    def __call__(self, ids_BxT):
+        return self.hidden_states(ids_BxT)[0] @ self.value_head[...]
+
+
+def capture_gradients() -> optax.GradientTransformation:
+    """State = the last gradient, update = 0."""
+    return optax.GradientTransformation(lambda params: jax.tree.map(jnp.zeros_like, params),
+                                        lambda grads, state, params=None: (jax.tree.map(jnp.zeros_like, grads), grads))
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return make_mesh({"data": 2, "fsdp": 2, "expert": 2})
+
+
+@pytest.fixture(scope="module")
+def small_model(mesh):
+    model = TokenMixture(nnx.Rngs(0))
+    shard_params(model, mesh)
+    assert model.experts[...].sharding.spec == jax.sharding.PartitionSpec("expert", "fsdp", None)
+    return model
+
+
+# ------------------------------------------------------------------------------------------------ batches
+def ragged_rows(seed: int = 0):
+    """tokens [B, T] (0 after each row's end) and an action mask: row b = a prompt, then actions, then padding;
+    the rows in EMPTY_ROWS have a prompt only."""
+    rng = np.random.default_rng(seed)
+    tokens = np.zeros((B, T), np.int32)
+    mask = np.zeros((B, T), np.float32)
+    for b in range(B):
+        prompt = int(rng.integers(2, 6))
+        actions = 0 if b in EMPTY_ROWS else int(rng.integers(1, T - prompt + 1))
+        tokens[b, :prompt + actions] = rng.integers(1, V, prompt + actions)
+        mask[b, prompt:prompt + actions] = 1
+    assert len({int(n) for n in mask.sum(1)}) > 5  # rows of many different lengths
+    return tokens, mask
+
+
+def away_from_edges(log_shift, edges):
+    """Log-ratio shifts nudged so exp(-shift) is >= EDGE_MARGIN from every clip edge."""
+    shift = np.array(log_shift, np.float64)
+    for _ in range(4):
+        for edge in edges:
+            near = np.abs(np.exp(-shift) - edge) < EDGE_MARGIN
+            shift[near] += 4 * EDGE_MARGIN
+    for edge in edges:
+        assert np.abs(np.exp(-shift) - edge).min() >= EDGE_MARGIN
+    return shift
+
+
+def policy_batch(model, mesh, *, eps_low, eps_high, seed=0, grpo=False):
+    rng = np.random.default_rng(seed + 1)
+    tokens, mask = ragged_rows(seed)
+    logp = np.asarray(nnx.jit(sequence_logprobs)(model, tokens), np.float64)
+    shift = away_from_edges(rng.normal(0.0, 0.3, (B, T)), (1 - eps_low, 1 + eps_high))
+    advantages = (rng.normal(1.0, 0.5, (B, 1)) if grpo else rng.normal(1.0, 0.5, (B, T))) * mask
+    batch = {"tokens": tokens, "action_mask": mask, "advantages": advantages.astype(np.float32),
+             "rollout_logprobs": np.where(mask > 0, logp + shift, 0.0).astype(np.float32)}
+    if grpo:
+        batch["ref_logprobs"] = np.where(mask > 0, logp + rng.normal(0.0, 0.2, (B, T)), -5.0).astype(np.float32)
+    return batch
+
+
+# ------------------------------------------------------------------------------------------------ steps
+def run(make_step, model, cfg, batch, mesh, trainable=nnx.Param):
+    """(metrics, gradient) of one step on fresh copies of the model's arrays (the step donates them)."""
+    state = TrainState.create(model, capture_gradients(), trainable)
+    step = make_step(state.graphdef, state.tx, cfg, state_shardings=step_shardings(state))
+    copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731
+    _, grads, metrics = step(copy(state.params), state.frozen, copy(state.opt_state), batch_to_mesh(batch, mesh))
+    return jax.device_get(metrics), jax.device_get(grads)
+
+
+def assert_same_step(whole, micro):
+    (metrics_1, grads_1), (metrics_m, grads_m) = whole, micro
+    assert set(metrics_1) == set(metrics_m)
+    for key, value in metrics_1.items():
+        np.testing.assert_allclose(float(metrics_m[key]), float(value), rtol=RTOL, err_msg=key)
+    leaves_1, leaves_m = jax.tree.leaves(grads_1), jax.tree.leaves(grads_m)
+    assert len(leaves_1) == len(leaves_m) and float(metrics_1["grad_norm"]) > 0
+    for g_1, g_m in zip(leaves_1, leaves_m):
+        assert np.linalg.norm(g_m - g_1) <= RTOL * np.linalg.norm(g_1), (np.linalg.norm(g_m - g_1),
+                                                                           np.linalg.norm(g_1))
+
+
+def compare(make_step, model, cfg, batch, mesh, field, **kwargs):
+    whole = run(make_step, model, ml_collections.ConfigDict({**cfg, field: 1}), batch, mesh, **kwargs)
+    micro = run(make_step, model, ml_collections.ConfigDict({**cfg, field: M}), batch, mesh, **kwargs)
+    assert_same_step(whole, micro)
+    return whole[0]
+
+
+# ------------------------------------------------------------------------------------------------ SAO
+SAO = dict(eps_low=0.2, eps_high=0.28, value_clip=0.0)
+
+
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean"])
+def test_sao_actor_step_accumulates_exactly(small_model, mesh, loss_agg):
+    batch = policy_batch(small_model, mesh, eps_low=SAO["eps_low"], eps_high=SAO["eps_high"])
+    metrics = compare(make_actor_step, small_model, dict(SAO, loss_agg=loss_agg), batch, mesh, "actor_micro_batches")
+    assert 0.05 < metrics["dis_masked_fraction"] < 0.95  # both sides of the band are exercised
+
+
+@pytest.mark.slow
+def test_sao_actor_step_accumulates_exactly_on_the_real_model(mesh):
+    model = Qwen35MoeForCausalLM(C.tiny(vocab_size=V, num_hidden_layers=2, full_attention_interval=2),
+                                 rngs=nnx.Rngs(0))
+    shard_params(model, mesh)
+    batch = policy_batch(model, mesh, eps_low=SAO["eps_low"], eps_high=SAO["eps_high"])
+    compare(make_actor_step, model, dict(SAO, loss_agg="token-mean"), batch, mesh, "actor_micro_batches")
+
+
+def test_sao_critic_step_accumulates_exactly(small_model, mesh):
+    rng = np.random.default_rng(2)
+    tokens, mask = ragged_rows(2)
+    values = np.asarray(nnx.jit(lambda m, t: m(t))(small_model, tokens))
+    old_values = np.pad(values[:, :-1], ((0, 0), (1, 0))) + rng.normal(0.0, 0.3, (B, T))  # both clip branches
+    batch = {"tokens": tokens, "action_mask": mask, "old_values": (old_values * mask).astype(np.float32),
+             "returns": (rng.normal(1.0, 1.0, (B, T)) * mask).astype(np.float32)}
+    compare(make_critic_step, small_model, dict(SAO, value_clip=0.2, loss_agg="token-mean"), batch, mesh,
+            "critic_micro_batches")
+
+
+# ------------------------------------------------------------------------------------------------ GRPO
+GRPO = dict(eps=0.2, eps_high=0.28, kl_coef=0.1, kl_estimator="k3")
+
+
+@pytest.mark.parametrize("loss_agg", ["seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_grpo_step_accumulates_exactly(small_model, mesh, loss_agg):
+    batch = policy_batch(small_model, mesh, eps_low=GRPO["eps"], eps_high=GRPO["eps_high"], seed=3, grpo=True)
+    metrics = compare(make_grpo_step, small_model, dict(GRPO, loss_agg=loss_agg), batch, mesh, "micro_batches")
+    assert 0.05 < metrics["clip_fraction"] < 0.95 and metrics["kl"] > 1e-3
+
+
+# ------------------------------------------------------------------------------------------------ SFT
+def test_sft_step_accumulates_exactly(small_model, mesh):
+    """Packed rows: up to two documents per row (segment ids 1, 2, padding 0), loss on each document's second
+    half; one row of padding only and one whose document has no loss token."""
+    rng = np.random.default_rng(4)
+    tokens = np.zeros((B, T), np.int32)
+    segments = np.zeros((B, T), np.int32)
+    loss_mask = np.zeros((B, T), np.float32)
+    for b in range(1, B):
+        start = 0
+        for segment in (1, 2)[:int(rng.integers(1, 3))]:
+            n = int(rng.integers(2, (T - start) // 2 + 1)) if start < T - 2 else 0
+            tokens[b, start:start + n] = rng.integers(1, V, n)
+            segments[b, start:start + n] = segment
+            loss_mask[b, start + n // 2:start + n] = b != 7
+            start += n
+    assert loss_mask[0].sum() == loss_mask[7].sum() == 0 and (segments == 2).any()
+    batch = {"tokens": tokens, "segment_ids": segments, "loss_mask": loss_mask}
+    metrics = compare(make_sft_step, small_model, {}, batch, mesh, "micro_batches")
+    assert metrics["action_tokens"] == loss_mask.sum()
+
+
+# ------------------------------------------------------------------------------------------------ guard, errors
+def test_non_finite_micro_batch_leaves_the_state_unchanged(small_model, mesh):
+    batch = policy_batch(small_model, mesh, eps_low=0.2, eps_high=0.28)
+    batch["rollout_logprobs"][5, np.nonzero(batch["action_mask"][5])[0][0]] = np.nan  # micro-batch 1 only
+    state = TrainState.create(small_model, optax.sgd(0.1))
+    cfg = ml_collections.ConfigDict(dict(SAO, loss_agg="token-mean", actor_micro_batches=M))
+    step = make_actor_step(state.graphdef, state.tx, cfg, state_shardings=step_shardings(state))
+    before = jax.device_get(state.params)
+    params, _, metrics = step(jax.tree.map(jnp.copy, state.params), state.frozen,
+                              jax.tree.map(jnp.copy, state.opt_state), batch_to_mesh(batch, mesh))
+    assert not np.isfinite(float(metrics["loss"])) and not np.isfinite(float(metrics["grad_norm"]))
+    for got, want in zip(jax.tree.leaves(jax.device_get(params)), jax.tree.leaves(before)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_rows_are_dealt_round_robin_and_bad_splits_are_named():
+    rows = {"x": np.arange(8)[:, None] * np.ones((1, 3)), "y": np.arange(8)}
+    micro = split_rows(rows, 4)
+    np.testing.assert_array_equal(micro["y"], [[0, 4], [1, 5], [2, 6], [3, 7]])
+    assert micro["x"].shape == (4, 2, 3)
+    with pytest.raises(MicroBatchError, match="8 rows do not split into 3 micro-batches"):
+        split_rows(rows, 3)
+    with pytest.raises(MicroBatchError, match="same leading row axis"):
+        split_rows({"x": np.zeros((8, 2)), "y": np.zeros((4,))}, 2)
+    with pytest.raises(ValueError, match="needs totals_fn"):
+        make_update_step(None, optax.sgd(1.0), lambda model, batch: None, micro_batches=2)
+    with pytest.raises(ValueError, match="micro_batches is 0"):
+        make_update_step(None, optax.sgd(1.0), lambda model, batch: None, micro_batches=0)
