@@ -23,6 +23,7 @@ from models.qwen35_moe.rope import apply_rope, rope_cos_sin
 from models.qwen35_moe.splash_attention import splash_self_attention
 
 _MASKED = -1e30
+BLOCK_SIZE = 512  # query/key block of "blockwise" and "splash": [block, block] scores per head at a time
 
 
 class Attention(nnx.Module):
@@ -78,12 +79,14 @@ class Attention(nnx.Module):
 
 
 def self_attention(query_BxTxNxD: jax.Array, key_BxTxKxD: jax.Array, value_BxTxKxD: jax.Array,
-                   segment_ids_BxT: jax.Array | None, *, impl: str) -> jax.Array:
+                   segment_ids_BxT: jax.Array | None, *, impl: str, block_size: int = BLOCK_SIZE) -> jax.Array:
     """Causal (and, with segment ids, block-diagonal) attention of a row over itself, by implementation `impl`."""
     if impl == "blockwise":
-        return blockwise_attention(query_BxTxNxD, key_BxTxKxD, value_BxTxKxD, segment_ids_BxT)
+        return blockwise_attention(query_BxTxNxD, key_BxTxKxD, value_BxTxKxD, segment_ids_BxT,
+                                   block_size=block_size)
     if impl == "splash":
-        return splash_self_attention(query_BxTxNxD, key_BxTxKxD, value_BxTxKxD, segment_ids_BxT)
+        return splash_self_attention(query_BxTxNxD, key_BxTxKxD, value_BxTxKxD, segment_ids_BxT,
+                                     block_size=block_size)
     if impl != "dense":
         raise ValueError(f"attention_impl {impl!r} is not one of {ATTENTION_IMPLS}")
     B, T = query_BxTxNxD.shape[:2]
