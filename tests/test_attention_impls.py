@@ -154,12 +154,13 @@ def test_splash_wrapper_matches_dense_in_the_pallas_interpreter():
 @pytest.fixture(scope="module")
 def models():
     """The tiny model twice with the same parameters (same seed; the impl does not touch initialisation), scanned
-    [GDN, attention] x 2 blocks under full remat (blockwise's own checkpoints nest inside the layer's)."""
-    cfg = C.tiny(vocab_size=80, num_hidden_layers=4, full_attention_interval=2, remat_policy="full")
+    [GDN, attention] x 1 block under full remat (blockwise's own checkpoints nest inside the layer's)."""
+    cfg = C.tiny(vocab_size=80, num_hidden_layers=2, full_attention_interval=2, remat_policy="full")
     return {impl: Qwen35MoeForCausalLM(cfg.replace(attention_impl=impl), rngs=nnx.Rngs(7))
             for impl in ("dense", "blockwise")}
 
 
+@pytest.mark.slow  # two compiles of the tiny model's forward+backward: ~50 s of CPU
 def test_tiny_model_logits_and_loss_gradient_agree_between_impls(models):
     """Packed rows (three documents + padding; two documents) through the scanned stack with full remat."""
     B, T = 2, 40
@@ -182,6 +183,7 @@ def test_tiny_model_logits_and_loss_gradient_agree_between_impls(models):
     _assert_grads_close(results["dense"][1], results["blockwise"][1])
 
 
+@pytest.mark.slow  # prefill, step and full-forward compiles for two models: ~30 s of CPU
 def test_decode_path_is_unchanged_by_the_impl(models):
     """A blockwise model's prefill + decode steps: bit-identical to the dense model's (the cached path is the
     dense one for every impl) and equal to its own blockwise full forward (1e-5, as test_model_decode_packing)."""
