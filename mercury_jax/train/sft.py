@@ -1,7 +1,5 @@
-"""The SFT algorithm (warm start): minimise -mean log p(action tokens) over packed trajectories (token mean over
-the batch).
-
-    loss = - sum_t mask[t] * log p(x[t] | x[<t], same document) / sum_t mask[t]
+"""The SFT algorithm (warm start): minimise -mean log p(action tokens) over packed trajectories (the jitted step,
+micro-batched or not, is `sft_learner.py`).
 
 Rows are packed with segment ids (documents never see each other) and batched in seeded epoch orders
 (`streams.batch_rows`), so a resumed run (`loop.py`) continues with the same batches. A non-finite loss or
@@ -20,17 +18,9 @@ from mercury_jax.train.loop import Cadence, StepResult, run_loop
 from mercury_jax.train.optim import make_optimizer
 from mercury_jax.train.packing import pack_sequences
 from mercury_jax.train.rundir import StageDir, as_path
-from mercury_jax.train.state import TrainState, make_update_step
+from mercury_jax.train.sft_learner import make_sft_step
+from mercury_jax.train.state import TrainState
 from mercury_jax.train.streams import batch_rows
-from models.qwen35_moe.logprobs import sequence_logprobs
-
-
-def sft_loss(model, batch):
-    logp = sequence_logprobs(model, batch["tokens"], segment_ids_BxT=batch["segment_ids"])
-    mask = batch["loss_mask"]
-    count = jnp.maximum(jnp.sum(mask), 1.0)
-    loss = -jnp.sum(logp * mask) / count
-    return loss, {"action_tokens": jnp.sum(mask), "token_accuracy_proxy": jnp.sum(jnp.exp(logp) * mask) / count}
 
 
 class Sft:
@@ -43,7 +33,7 @@ class Sft:
         self.cfg, self.seed, self.steps = cfg, seed, cfg.steps
         self.packed = pack_sequences(sequences, cfg.row_length, pad_id=pad_id)
         self.state = TrainState.create(model, make_optimizer(cfg.optimizer))
-        self.update = make_update_step(self.state.graphdef, self.state.tx, sft_loss)
+        self.update = make_sft_step(self.state.graphdef, self.state.tx, cfg)
 
     def arrays(self) -> dict:
         return {"params": self.state.params, "frozen": self.state.frozen, "opt_state": self.state.opt_state}
