@@ -24,7 +24,7 @@ from mercury_jax.train.checkpoints import Checkpointer
 from mercury_jax.train.guards import NonFiniteGuard
 from mercury_jax.train.metrics import MetricsLogger
 from mercury_jax.train.resume import read_jsonl, truncate_jsonl
-from mercury_jax.train.rundir import StageDir, append_line
+from mercury_jax.train.rundir import StageDir, append_line, is_local
 
 
 @dataclasses.dataclass
@@ -85,7 +85,7 @@ def run_loop(algorithm: Algorithm, stage: StageDir, cadence: Cadence, *, train_c
         checkpointer.save(0, algorithm.arrays(), _meta(algorithm, 0, version, rollouts))
 
     logger = MetricsLogger(stage.path, total_steps=algorithm.steps, name=name, window=cadence.log_window,
-                           tensorboard=_is_local(stage))
+                           tensorboard=is_local(stage.path))
     logger.truncate(start)
     for log in getattr(algorithm, "logs", ()):
         truncate_jsonl(log, start)
@@ -151,7 +151,3 @@ def _meta(algorithm: Algorithm, step: int, version: int, rollouts) -> dict:
 
 def _describe(meta: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in meta.items() if k != "step") or "no data-order state"
-
-
-def _is_local(stage: StageDir) -> bool:
-    return "://" not in str(stage.path)
