@@ -47,8 +47,10 @@ def model_config() -> ml_collections.ConfigDict:
     c.preset = ""                               # or a preset of models/qwen35_moe/config.py, built from scratch
     c.overrides = ml_collections.ConfigDict({})  # HF config fields over the preset
     c.dtype = "bfloat16"                        # compute dtype; master weights are always fp32
-    c.remat_policy = "dots_with_no_batch_dims_saveable"
+    c.remat_policy = "full"                     # keeps 4 KiB a token a block (the dots policy: 160 KiB)
     c.moe_impl = "ragged"
+    c.attention_impl = "splash"                 # the Pallas TPU kernel; "blockwise" elsewhere, "dense" for tiny rows
+    c.gdn_impl = "chunked"
     return c
 
 
@@ -78,6 +80,13 @@ def behaviour_config() -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(dataclasses.asdict(BehaviourConfig()))
 
 
+def mesh_config(roles: tuple[str, ...], **sizes) -> ml_collections.ConfigDict:
+    """The learner roles' meshes: axes (data, fsdp, expert, tensor) per role, one -1 taking the rest of the role's
+    device group (mercury_jax/train/placement.py); `sizes` override the default fsdp over the whole group."""
+    axes = dict(dict(data=1, fsdp=-1, expert=1, tensor=1), **sizes)
+    return ml_collections.ConfigDict({role: dict(axes) for role in roles})
+
+
 def checkpoint_config(every: int, keep: int = 3) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(dict(every=every, keep=keep, async_save=True))
 
@@ -95,6 +104,7 @@ def tiny_common(c: ml_collections.ConfigDict) -> None:
     c.model.dtype = "float32"
     c.model.remat_policy = "none"
     c.model.moe_impl = "dense"   # plain matmuls over the 8 tiny experts: fastest on CPU
+    c.model.attention_impl = "dense"  # [T, S] scores are small at tiny lengths
     c.tokenizer.kind = "sentencepiece"
     c.tokenizer.vocab_size = 1024
     # record ids (`T-3`), page ids (`p009`) and each distinct tool block of the system prompt as single pieces

@@ -75,8 +75,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.behaviour = common.behaviour_config()   # the rewards of the policy episodes and the sweep's
 
     # Device groups (consecutive slices of jax.devices()); all 0 = everything shares the default device.
-    # The frozen reference lives on the actor's devices with the actor's shardings.
     c.devices = ml_collections.ConfigDict(dict(rollout=64, actor=64))
+    # The learner roles' meshes; the frozen reference lives on the actor's devices, on a mesh of its own shape.
+    c.mesh = common.mesh_config(("actor", "reference"))
 
     if tiny:
         common.tiny_common(c)

@@ -67,6 +67,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     # Device groups (consecutive slices of jax.devices()); all 0 = everything shares the default device.
     c.devices = ml_collections.ConfigDict(dict(rollout=64, actor=32, critic=32))
+    # Each learner role's mesh over its group: parameters, Adam states and rows over fsdp (32-way).
+    c.mesh = common.mesh_config(("actor", "critic"))
 
     if tiny:
         common.tiny_common(c)

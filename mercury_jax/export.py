@@ -40,7 +40,7 @@ from flax import nnx
 
 from mercury_jax.chat import BUILTIN_CHAT_TEMPLATE, SentencePieceTokenizer, qwen35_tokenizer
 from mercury_jax.train.rundir import POLICY_ARRAYS, STAGES, RunDir
-from mercury_jax.train.setup import build_model
+from mercury_jax.train.setup import build_model, model_runtime
 from models.qwen35_moe import Qwen35MoeConfig, Qwen35MoeForCausalLM, save_hf
 
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
@@ -109,8 +109,7 @@ def abstract_policy(config: ml_collections.ConfigDict, workdir: str | Path):
         if not config_file.exists():
             raise ExportError(f"the run started from model.hf_path {model_cfg.hf_path}, whose config.json is not "
                               f"here; copy that checkpoint's config.json to {config_file}")
-        cfg = Qwen35MoeConfig.from_hf(config_file, param_dtype="float32", dtype=model_cfg.dtype,
-                                      remat_policy=model_cfg.remat_policy, moe_impl=model_cfg.moe_impl)
+        cfg = Qwen35MoeConfig.from_hf(config_file, param_dtype="float32", **model_runtime(model_cfg))
         return nnx.eval_shape(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0)))
 
     vocab_size = run_vocab_size(config, workdir)

@@ -48,9 +48,9 @@ def main(argv):
     config = _CONFIG.value
     if config is None:
         raise app.UsageError("--config is required, e.g. --config experiments/sao.py:tiny")
-    validate_config(config)
-    if _is_multihost():
+    if _is_multihost():  # before anything asks JAX about devices (validation counts them)
         jax.distributed.initialize()
+    validate_config(config)
 
     workdir = _WORKDIR.value or os.path.join("runs", f"{config.pipeline}-{time.strftime('%Y%m%d-%H%M%S')}")
     run = RunDir(workdir).make()  # a local path, file:///abs/path or a remote URI (gs://bucket/run)

@@ -48,7 +48,7 @@ from mercury_jax.evaluation.selection import START_STEP
 from mercury_jax.export import ExportError, checkpoint_steps, load_run_config, restore_policy, run_tokenizer
 from mercury_jax.rollout.engine import Engine
 from mercury_jax.rollout.episode import EpisodeRunner
-from mercury_jax.train.rundir import RunDir
+from mercury_jax.train.rundir import RunDir, write_atomically
 from mercury_jax.train.setup import episode_reward, rollout_budgets, rollout_sampling, world_tasks
 
 STAGE = "grpo"
@@ -123,7 +123,7 @@ def run_sweep(workdir: str | Path, *, steps: list[int] | None = None, num_tasks:
                              "qualifying": list(selection.qualifying),
                              "verdicts": {str(k): v for k, v in selection.verdicts.items()}},
                "records": records, "frontier_plot": str(plot)}
-    _write_atomically(out / "sweep.json", json.dumps(summary, indent=1) + "\n")
+    write_atomically(out / "sweep.json", json.dumps(summary, indent=1) + "\n")
     print(format_table(records, selection.verdicts), file=stream)
     print(f"[sweep] selected checkpoint: step {selection.step} ({selection.reason})\n"
           f"[sweep] wrote {out / 'sweep.json'} and {plot}", file=stream, flush=True)
@@ -180,7 +180,7 @@ def _evaluate(workdir: Path, config, steps: list[int], tasks: list[dict], setup_
         del model
         trajectories = runner.run(tasks, first_episode_id=0)  # same episode ids -> same sampling keys every step
         outcomes[step] = outcomes_from_trajectories(trajectories)
-        _write_atomically(cache_dir / f"{step}.json", json.dumps(
+        write_atomically(cache_dir / f"{step}.json", json.dumps(
             {"setup": setup_key, "step": step, "outcomes": dataclasses.asdict(outcomes[step])}) + "\n")
         elapsed = time.perf_counter() - started
         result = outcomes[step]
@@ -200,12 +200,6 @@ def _read_cached(path: Path, setup_key: dict) -> EpisodeOutcomes | None:
         return EpisodeOutcomes(**data["outcomes"]) if data.get("setup") == setup_key else None
     except (ValueError, KeyError, TypeError):  # an unreadable file is rerun, not trusted
         return None
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def _make_runner(model, config, seed: int, version: int, workdir: Path, make_engine=Engine):

@@ -6,9 +6,10 @@ The optimiser is `capture_gradients`: its state is the gradient it was handed an
 opt_state output IS the accumulated gradient the optimiser saw, once per step.
 
 Setting: the 8-device CPU mesh data=2 x fsdp=2 x expert=2, parameters sharded by their logical axes, rows over
-(data, fsdp); 16 rows of different prompt and action lengths, two of them with an empty action mask; M = 4 (one row
-per data shard per micro-batch). `TokenMixture` (a per-token MoE-like stand-in with parameters on fsdp and expert)
-serves where the real model is not needed; the actor step also runs on the real 2-layer tiny model.
+(data, fsdp, expert); 16 rows of different prompt and action lengths, two of them with an empty action mask; M = 4
+(2 rows on each of the 8 row shards, so the split also regroups rows across shards, which the compiler does;
+exactness does not depend on the layout). `TokenMixture` (a per-token MoE-like stand-in with parameters on fsdp and
+expert) serves where the real model is not needed; the actor step also runs on the real 2-layer tiny model.
 
 Tolerance, fp32: metrics to rtol 1e-6; the whole gradient to |g_M - g_1|_2 <= 1e-6 |g_1|_2, and each leaf to
 1e-5 of its own norm. The two programs compute the same per-token terms and differ only in how sums over the
@@ -36,8 +37,8 @@ from experiments.sft import get_config as sft_config
 from mercury_jax.parallel import make_mesh, shard_params
 from mercury_jax.train.grpo_learner import make_grpo_step
 from mercury_jax.train.microbatch import MicroBatchError, split_rows
-from mercury_jax.train.placement import batch_to_mesh, step_shardings
-from mercury_jax.train.sao_learner import make_actor_step, make_critic_step
+from mercury_jax.train.placement import batch_to_mesh, role_mesh_sizes, row_shards, step_shardings
+from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step
 from mercury_jax.train.sft_learner import make_sft_step
 from mercury_jax.train.state import TrainState, make_update_step
 from mercury_jax.train.validate import ConfigError, validate_config
@@ -205,6 +206,27 @@ def test_sao_critic_step_accumulates_exactly(small_model, mesh):
             "critic_micro_batches")
 
 
+def test_sao_value_forward_is_micro_batched_exactly(small_model, mesh):
+    """The critic forward of the advantage program over M micro-batches of rows (lax.map) gives the whole batch's
+    values, advantages and returns: rows are independent, so only matmul row counts differ. fp32, rtol 1e-6 and
+    atol 1e-6 (entries are O(1); near-zero ones, e.g. whitened advantages, differ by a few 1e-7 absolute)."""
+    tokens, mask = ragged_rows(4)
+    rewards = np.zeros_like(mask)
+    last = np.where(mask.any(1), mask.shape[1] - 1 - np.argmax(mask[:, ::-1], axis=1), 0)
+    rewards[np.arange(B), last] = np.random.default_rng(4).uniform(0, 1, B) * mask.any(1)
+    batch = batch_to_mesh({"tokens": tokens, "action_mask": mask, "rewards": rewards}, mesh)
+    state = TrainState.create(small_model, capture_gradients())
+    results = []
+    for micro_batches in (1, M):
+        cfg = ml_collections.ConfigDict(dict(alpha=0.05, gamma=1.0, lam_critic=1.0, whiten_advantages=True,
+                                             critic_micro_batches=micro_batches))
+        results.append(jax.device_get(make_advantage_fn(state.graphdef, cfg, mesh=mesh)(state.params, state.frozen,
+                                                                                          batch)))
+    for whole, micro in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1])):
+        np.testing.assert_allclose(micro, whole, rtol=RTOL, atol=1e-6)
+    assert np.abs(results[0][2]).sum() > 0  # values are not all zero
+
+
 # ------------------------------------------------------------------------------------------------ GRPO
 GRPO = dict(eps=0.2, eps_high=0.28, kl_coef=0.1, kl_estimator="k3")
 
@@ -314,7 +336,8 @@ def test_sao_micro_batches_must_divide_the_rows_per_shard(role):
     config = sao_tiny()
     config.sao[f"{role}_micro_batches"] = 4
     with pytest.raises(ConfigError, match=rf"sao.{role}_micro_batches = 4 does not divide the 2 rows per data shard "
-                                          rf"\(sao.batch_prompts = 4 rows over 2 {role} device\(s\)\); set "
+                                          rf"\(sao.batch_prompts = 4 rows over the 2 row shard\(s\) of the {role} "
+                                          rf"mesh\); set "
                                           rf"sao.{role}_micro_batches to one of \[1, 2\], or change sao.batch_prompts"):
         validate_config(config)
     config.sao[f"{role}_micro_batches"] = 2
@@ -344,9 +367,10 @@ def test_grpo_and_sft_micro_batches_must_divide_their_rows():
 def test_released_micro_batches_are_one_row_per_chip_and_tiny_is_one():
     sao, grpo, sft = sao_config(), grpo_config(), sft_config()
     for role in ("actor", "critic"):
-        assert sao.sao.batch_prompts // sao.devices[role] == sao.sao[f"{role}_micro_batches"] == 4
+        assert sao.sao.batch_prompts // row_shards(role_mesh_sizes(sao, role)) == 4
+        assert sao.sao[f"{role}_micro_batches"] == 4
     rows = grpo.grpo.batch_states * grpo.grpo.group_size // grpo.grpo.minibatches
-    assert rows // grpo.devices.actor == grpo.grpo.micro_batches == 2
+    assert rows // row_shards(role_mesh_sizes(grpo, "actor")) == grpo.grpo.micro_batches == 2
     assert sft.sft.batch_rows == sft.sft.micro_batches == 64   # SFT runs on one device
     for tiny in (sao_config("tiny"), grpo_config("tiny"), sft_config("tiny")):
         sections = [tiny.sft] + [tiny[name] for name in ("sao", "grpo") if name in tiny]

@@ -396,7 +396,7 @@ def test_group_size_one_fails_with_the_fix():
 
 
 @pytest.mark.parametrize("field,value,message", [
-    ("devices.actor", 3, r"a minibatch of 8 rows .* not divisible by the 3 actor devices"),
+    ("devices.actor", 3, r"a minibatch of 8 rows .* not divisible by the 3 row shards of the actor mesh"),
     ("grpo.kl_coef", -0.1, r"grpo.kl_coef must be >= 0"),
     ("grpo.loss_agg", "sum", r"grpo.loss_agg 'sum' is not one of"),
     ("world.name", "enterprise", r"world.name is 'enterprise'; .* world.name='browse'"),

@@ -172,7 +172,7 @@ def test_logs_of_a_remote_run_directory_are_rewritten_not_appended(tmp_path):
                                   mkdir=on_local("mkdir"), isdir=on_local("isdir"), replace=_replace(tmp_path),
                                   rename=_replace(tmp_path)):
         stage = RunDir("gs://bucket/run").stage("grpo").make()
-        logger = MetricsLogger(stage.path, total_steps=2, name="grpo", tensorboard=False)
+        logger = MetricsLogger(stage, total_steps=2, tensorboard=False)
         logger.log(1, {"loss": 2.0})
         logger.log(2, {"loss": 1.0})
         append_line(stage.samples, '{"step": 2}')

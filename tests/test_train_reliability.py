@@ -39,6 +39,7 @@ from mercury_jax.train.guards import NonFiniteError, NonFiniteGuard  # noqa: E40
 from mercury_jax.train.metrics import MetricsLogger  # noqa: E402
 from mercury_jax.train.resume import ResumeError, check_run_config, read_jsonl, truncate_jsonl  # noqa: E402
 from mercury_jax.train.rollouts import Seams  # noqa: E402
+from mercury_jax.train.rundir import StageDir, as_path  # noqa: E402
 from mercury_jax.train.sft import Sft  # noqa: E402
 from mercury_jax.train.sft import run_sft as sft_run  # noqa: E402
 from mercury_jax.train.state import TrainState, make_update_step  # noqa: E402
@@ -329,7 +330,7 @@ def test_torn_last_metrics_line_is_dropped_with_a_warning(tmp_path):
     path = tmp_path / "sft_metrics.jsonl"
     path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n{"step": 3, "lo')
     with pytest.warns(UserWarning, match="dropped a torn last line"):
-        logger = MetricsLogger(tmp_path, total_steps=5, name="sft", tensorboard=False)
+        logger = MetricsLogger(StageDir(as_path(tmp_path), "sft"), total_steps=5, tensorboard=False)
     assert [r["step"] for r in logger.history] == [1, 2]
     logger.truncate(2)
     logger.log(3, {"loss": 1.0})

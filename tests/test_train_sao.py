@@ -329,8 +329,8 @@ def test_missing_checkpoint_path_fails_with_the_fix():
 def test_batch_not_divisible_by_actor_devices_fails_with_the_fix():
     config = tiny_sao_config(1)
     config.devices.rollout, config.devices.actor, config.devices.critic = 1, 3, 2
-    with pytest.raises(ConfigError, match=r"batch_prompts 4 is not divisible by the 3 actor devices; change "
-                                          r"sao.batch_prompts or devices.actor"):
+    with pytest.raises(ConfigError, match=r"batch_prompts 4 is not divisible by the 3 row shards of the actor mesh "
+                                          r".*; change sao.batch_prompts or mesh.actor / devices.actor"):
         validate_config(config)
     config.devices.actor = 2
     validate_config(config)  # and the divisible layout passes

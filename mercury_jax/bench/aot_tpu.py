@@ -1,10 +1,17 @@
-"""Ahead-of-time compile the full-size model's forward+backward for a TPU topology on this CPU host.
+"""Ahead-of-time compile the learner programs of a released run for its TPU role topology, on this CPU host, through
+the trainers' own code: the role mesh of the config (`train/placement.py`), the model with the config's runtime
+(`train/setup.py:model_runtime`), the optimiser (`train/optim.py`), and the real jitted steps of
+`train/sao_learner.py` / `train/grpo_learner.py` with their micro-batching and pinned state shardings.
 
-Proves that the real Qwen3.5-35B-A3B step lowers for TPU (XLA + our sharding rules) and reports what
-`compiled.memory_analysis()` says one chip needs, against the chip's HBM. Needs `libtpu` installed (not a
-runtime dependency; `pip install "libtpu==0.0.42.*"` for jax 0.10); nothing runs on a TPU.
+    PYTHONPATH=<libtpu dir>:. python -m mercury_jax.bench.aot_tpu --config experiments/sao.py --program actor \
+        [--topology v5p:2x4x4] [--rows 128] [--seq 24576] [--write]
 
-    python -m mercury_jax.bench.aot_tpu --topology v5p:2x2x2 --mesh fsdp=8 --batch 8 --seq 4096
+Programs: `actor` (SAO DIS step, Adam), `critic` (SAO value step, Adam, the frozen token mixing as a non-trained
+input), `values` (the critic forward + skip-observation GAE of `make_advantage_fn`), `grpo` (the pivot-GRPO step).
+Nothing runs on a TPU and no array is allocated: every input is a `ShapeDtypeStruct` with the sharding the trainer
+gives it. The model is the preset (`--preset`, the released checkpoint's architecture, since an HF directory is not
+needed for shapes). Per-chip memory is `compiled.memory_analysis()`: arguments + outputs + temporaries - aliased
+(donated parameters and optimiser state alias their outputs).
 """
 from __future__ import annotations
 
@@ -13,84 +20,151 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
+import importlib.util  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
-from jax.experimental import topologies
+from jax.experimental import topologies  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
 from mercury_jax.bench.report import markdown_table, write_section  # noqa: E402
-from mercury_jax.parallel.mesh import make_mesh  # noqa: E402
-from mercury_jax.parallel.sharding import variable_sharding  # noqa: E402
+from mercury_jax.parallel import make_mesh, variable_sharding  # noqa: E402
+from mercury_jax.train.grpo_learner import make_grpo_step  # noqa: E402
+from mercury_jax.train.optim import make_optimizer  # noqa: E402
+from mercury_jax.train.placement import ROW_AXES, role_mesh_sizes  # noqa: E402
+from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step  # noqa: E402
+from mercury_jax.train.setup import model_runtime  # noqa: E402
+from models.qwen35_moe import Qwen35MoeForCausalLM  # noqa: E402
 from models.qwen35_moe.config import PRESETS  # noqa: E402
-from models.qwen35_moe.logprobs import token_logprobs  # noqa: E402
-from models.qwen35_moe.model import Qwen35MoeForCausalLM  # noqa: E402
+from models.qwen35_moe.critic import Qwen35MoeCritic, critic_trainable  # noqa: E402
 
 HBM_GIB = {"v5p": 95, "v5e": 16, "v6e": 32, "v4": 32}
+ROLE = {"actor": "actor", "critic": "critic", "values": "critic", "grpo": "actor"}
+GIB = 2.0 ** 30
 
 
-def compile_step(preset: str, topology: str, mesh_shape: dict, batch: int, seq: int, remat: str):
-    devices = topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
-    mesh = make_mesh(mesh_shape, devices=devices)
-    cfg = PRESETS[preset](dtype="bfloat16", param_dtype="float32", remat_policy=remat)
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0))))
-    flat = nnx.to_flat_state(state)
-    args = [jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=variable_sharding(p, v, mesh)) for p, v in flat]
-    param_shardings = [a.sharding for a in args]
-    ids = jax.ShapeDtypeStruct((batch, seq), jnp.int32,
-                               sharding=NamedSharding(mesh, PartitionSpec(("data", "fsdp"), None)))
-
-    def loss_fn(arrays, ids_BxT):
-        rebuilt = nnx.from_flat_state([(p, v.replace(a)) for (p, v), a in zip(flat, arrays)])
-        model = nnx.merge(graphdef, rebuilt)
-        hidden, _ = model.hidden_states(ids_BxT)
-        logp = token_logprobs(hidden[:, :-1], model.lm_head_weight(), ids_BxT[:, 1:], chunk_size=1024)
-        return -jnp.mean(logp)
-
-    step = jax.jit(jax.value_and_grad(loss_fn), out_shardings=(None, param_shardings))
-    start = time.perf_counter()
-    compiled = step.lower(args, ids).compile()
-    seconds = time.perf_counter() - start
-    n_params = sum(a.size for a in args)
-    return compiled.memory_analysis(), seconds, n_params, len(devices)
+def load_config(path: str):
+    file, _, variant = path.partition(":")
+    spec = importlib.util.spec_from_file_location("_aot_config", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(variant or None)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def abstract_state(module_fn, mesh, trainable):
+    """(graphdef, params, frozen) of the module with every leaf a ShapeDtypeStruct in its sharding on `mesh`."""
+    model = nnx.eval_shape(module_fn)
+    for path, variable in nnx.to_flat_state(nnx.state(model)):
+        value = variable.get_value()
+        variable.set_value(jax.ShapeDtypeStruct(value.shape, value.dtype,
+                                                sharding=variable_sharding(path, variable, mesh)))
+    return nnx.split(model, trainable, ...)
+
+
+def abstract_opt_state(tx, params, mesh):
+    """The optimiser state's shapes with the shardings its init gives them from the parameters' (as the trainer's
+    eager `tx.init` on sharded parameters does), leaves off the mesh (step counts) replicated over it
+    (`placement.onto_mesh`)."""
+    compiled = jax.jit(tx.init).lower(params).compile()
+    shapes = jax.eval_shape(tx.init, params)
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def on_mesh(shape, sharding):
+        keep = isinstance(sharding, NamedSharding) and sharding.mesh == mesh
+        return jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=sharding if keep else replicated)
+    return jax.tree.map(on_mesh, shapes, compiled.output_shardings)
+
+
+def shardings(tree):
+    return jax.tree.map(lambda x: x.sharding, tree)
+
+
+def batch_spec(mesh, rows: int, seq: int, keys: dict) -> dict:
+    sharding = NamedSharding(mesh, PartitionSpec(ROW_AXES))
+    return {k: jax.ShapeDtypeStruct((rows, seq), dtype, sharding=sharding) for k, dtype in keys.items()}
+
+
+def lower_program(config, program: str, devices, preset: str, rows: int, seq: int):
+    """(lowered, description) of one learner program on its role's mesh over `devices`."""
+    role = ROLE[program]
+    mesh = make_mesh(role_mesh_sizes(config, role, len(devices)), devices=devices)
+    cfg = PRESETS[preset](param_dtype="float32", **model_runtime(config.model))
+    f32, i32 = jnp.float32, jnp.int32
+    if program in ("actor", "grpo"):
+        section = config.sao if program == "actor" else config.grpo
+        graphdef, params, frozen = abstract_state(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0)), mesh,
+                                                  nnx.Param)
+        tx = make_optimizer(section.actor_optimizer)
+        opt_state = abstract_opt_state(tx, params, mesh)
+        make = make_actor_step if program == "actor" else make_grpo_step
+        step = make(graphdef, tx, section, state_shardings=(shardings(params), shardings(opt_state)))
+        keys = dict(tokens=i32, action_mask=f32, rollout_logprobs=f32, advantages=f32)
+        if program == "actor":
+            keys["rewards"] = f32
+        else:
+            keys["ref_logprobs"] = f32
+        micro = section.actor_micro_batches if program == "actor" else section.micro_batches
+        return step.lower(params, frozen, opt_state, batch_spec(mesh, rows, seq, keys)), mesh, micro
+    graphdef, params, frozen = abstract_state(lambda: Qwen35MoeCritic(cfg, rngs=nnx.Rngs(0)), mesh,
+                                              critic_trainable)
+    keys = dict(tokens=i32, action_mask=f32, rollout_logprobs=f32, rewards=f32)
+    if program == "values":
+        fn = make_advantage_fn(graphdef, config.sao, mesh=mesh)
+        return fn.lower(params, frozen, batch_spec(mesh, rows, seq, keys)), mesh, config.sao.critic_micro_batches
+    tx = make_optimizer(config.sao.critic_optimizer)
+    opt_state = abstract_opt_state(tx, params, mesh)
+    step = make_critic_step(graphdef, tx, config.sao, state_shardings=(shardings(params), shardings(opt_state)))
+    keys.update(returns=f32, old_values=f32)
+    return (step.lower(params, frozen, opt_state, batch_spec(mesh, rows, seq, keys)), mesh,
+            config.sao.critic_micro_batches)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="experiments/sao.py")
+    parser.add_argument("--program", default="actor", choices=sorted(ROLE))
     parser.add_argument("--preset", default="qwen3.5-35b-a3b", choices=sorted(PRESETS))
-    parser.add_argument("--topology", default="v5p:2x2x2")
-    parser.add_argument("--mesh", default="fsdp=8", help="comma list axis=size over (data, fsdp, expert, tensor)")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=4096)
-    parser.add_argument("--remat", default="full")
-    parser.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
-    args = parser.parse_args()
-    mesh_shape = {k: int(v) for k, v in (item.split("=") for item in args.mesh.split(","))}
-    memory, seconds, n_params, n_devices = compile_step(args.preset, args.topology, mesh_shape, args.batch,
-                                                        args.seq, args.remat)
-    gib = 2 ** 30
-    per_chip = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
-                - memory.alias_size_in_bytes)
+    parser.add_argument("--topology", default="v5p:2x4x4", help="the role's slice (released actor/critic: 32 chips)")
+    parser.add_argument("--rows", type=int, default=None, help="rows per step (default: the config's batch)")
+    parser.add_argument("--seq", type=int, default=None, help="tokens per row (default: rollout.max_total_tokens)")
+    parser.add_argument("--write", action="store_true", help="append the row to BENCHMARKS.md's aot_tpu section")
+    args = parser.parse_args(argv)
+    config = load_config(args.config)
+    if args.rows is None:
+        args.rows = (config.sao.batch_prompts if "sao" in config
+                     else config.grpo.batch_states * config.grpo.group_size // config.grpo.minibatches)
+    seq = args.seq or config.rollout.max_total_tokens
+    devices = topologies.get_topology_desc(platform="tpu", topology_name=args.topology).devices
+    start = time.perf_counter()
+    lowered, mesh, micro = lower_program(config, args.program, devices, args.preset, args.rows, seq)
+    compiled = lowered.compile()
+    seconds = time.perf_counter() - start
+    memory = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    total = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
+             - memory.alias_size_in_bytes)
     hbm = HBM_GIB.get(args.topology.split(":")[0])
-    row = [args.preset, args.topology, args.mesh, f"{args.batch}x{args.seq}", f"{n_params / 1e9:.2f}B", args.remat,
-           f"{memory.argument_size_in_bytes / gib:.1f}", f"{memory.output_size_in_bytes / gib:.1f}",
-           f"{memory.temp_size_in_bytes / gib:.1f}", f"{per_chip / gib:.1f}",
-           f"{hbm} ({'fits' if hbm and per_chip < hbm * gib else 'does not fit'})", f"{seconds:.0f}"]
-    headers = ["model", "topology", "mesh", "batch x seq", "params", "remat", "arguments GiB/chip",
-               "outputs GiB/chip", "temp GiB/chip", "total GiB/chip", "HBM GiB", "compile s"]
+    sizes = {k: v for k, v in mesh.shape.items() if v > 1}
+    row = [args.program, args.topology, ",".join(f"{k}={v}" for k, v in sizes.items()), f"{args.rows}x{seq}",
+           str(micro), config.model.remat_policy, config.model.attention_impl, config.model.moe_impl,
+           config.model.gdn_impl, f"{memory.argument_size_in_bytes / GIB:.1f}",
+           f"{memory.temp_size_in_bytes / GIB:.1f}", f"{total / GIB:.1f}",
+           f"{hbm} ({'fits' if hbm and total < hbm * GIB else 'does not fit'})",
+           f"{float(cost.get('flops', np.nan)) / 1e12:.0f}", f"{seconds:.0f}"]
+    headers = ["program", "topology", "mesh", "rows x seq", "micro-batches", "remat", "attention", "moe", "gdn",
+               "arguments GiB/chip", "temp GiB/chip", "total GiB/chip", "HBM GiB", "TFLOP/chip", "compile s"]
     table = markdown_table(headers, [row])
-    print(table)
+    print(table, flush=True)
     if args.write:
-        command = ("python -m mercury_jax.bench.aot_tpu " + f"--preset {args.preset} --topology {args.topology} "
-                   f"--mesh {args.mesh} --batch {args.batch} --seq {args.seq} --remat {args.remat} --write")
-        body = ("Forward + backward of the policy log-likelihood (fp32 master weights, bf16 compute, chunked "
-                "log-probs) compiled ahead of time for a TPU topology on a CPU host with libtpu; memory from "
-                "`compiled.memory_analysis()` per chip. Pure-JAX chunked GDN (the Pallas kernel is compiled on its "
-                "own by bench/gated_delta_aot.py), experts sharded by the logical rules (no explicit all-to-all "
-                "dispatch yet).\n\n" + table)
-        write_section("aot_tpu", "TPU ahead-of-time compile: memory per chip", body, command)
+        command = (f"PYTHONPATH=<libtpu dir>:. python -m mercury_jax.bench.aot_tpu --config {args.config} "
+                   f"--program {args.program} --preset {args.preset} --topology {args.topology} "
+                   f"--rows {args.rows} --seq {seq} --write")
+        write_section(f"aot_tpu_{args.program}", f"TPU ahead-of-time compile of the {args.program} program", table,
+                      command)
 
 
 if __name__ == "__main__":

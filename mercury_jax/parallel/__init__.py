@@ -1,12 +1,14 @@
 """Device meshes and the logical-axis -> mesh-axis rules that shard parameters by name."""
-from mercury_jax.parallel.mesh import MESH_AXES, make_mesh
+from mercury_jax.parallel.mesh import MESH_AXES, make_mesh, mesh_axis_sizes, mesh_of, with_mesh_context
 from mercury_jax.parallel.sharding import (
                                            DEFAULT_RULES,
+                                           copy_into,
+                                           init_sharded,
                                            logical_partition_spec,
                                            param_shardings,
                                            shard_params,
                                            variable_sharding,
 )
 
-__all__ = ["DEFAULT_RULES", "MESH_AXES", "logical_partition_spec", "make_mesh", "param_shardings", "shard_params",
-           "variable_sharding"]
+__all__ = ["DEFAULT_RULES", "MESH_AXES", "copy_into", "init_sharded", "logical_partition_spec", "make_mesh",
+           "mesh_axis_sizes", "mesh_of", "param_shardings", "shard_params", "variable_sharding", "with_mesh_context"]

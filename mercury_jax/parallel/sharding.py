@@ -6,7 +6,7 @@ Parameters of scanned blocks carry a leading `layers` axis that is not in their 
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import jax
 from flax import nnx
@@ -74,3 +74,25 @@ def shard_params(module: nnx.Module, mesh: Mesh, rules=DEFAULT_RULES) -> nnx.Mod
         variable.set_value(jax.device_put(variable.get_value(), variable_sharding(path, variable, mesh, rules)))
     nnx.update(module, nnx.from_flat_state(flat))
     return module
+
+
+def init_sharded(make: Callable[[], nnx.Module], mesh: Mesh, rules=DEFAULT_RULES) -> nnx.Module:
+    """`make()` (a module constructor drawing from its own `nnx.Rngs`) created straight into its sharding on `mesh`:
+    shapes by `nnx.eval_shape`, then one jitted init whose outputs are laid out by the logical axes, so no device
+    ever holds the whole model. The values are those of `make()` run eagerly (the same random bits; the fused
+    program may round the scaled draws differently, by an fp32 ulp)."""
+    graphdef, abstract_state = nnx.split(nnx.eval_shape(make))
+    shardings = param_shardings(abstract_state, mesh, rules)
+    state = jax.jit(lambda: nnx.state(make()), out_shardings=shardings)()
+    return nnx.merge(graphdef, state)
+
+
+def copy_into(module_state: nnx.State, abstract_state: nnx.State, mesh: Mesh, rules=DEFAULT_RULES) -> nnx.State:
+    """`abstract_state` (same paths) filled with a copy of `module_state`'s arrays, each put straight into its
+    sharding on `mesh` (device to device; never gathered on one device, never aliasing the source)."""
+    source = dict(nnx.to_flat_state(module_state))
+    flat = nnx.to_flat_state(abstract_state)
+    for path, variable in flat:
+        variable.set_value(jax.device_put(source[path].get_value(), variable_sharding(path, variable, mesh, rules),
+                                          may_alias=False))
+    return nnx.from_flat_state(flat)

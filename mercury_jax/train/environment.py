@@ -13,7 +13,7 @@ from importlib import metadata
 import jax
 from etils import epath
 
-from mercury_jax.train.rundir import RunDir
+from mercury_jax.train.rundir import RunDir, write_atomically
 
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml_dtypes", "sentencepiece", "tiktoken",
             "mcp", "bm25s", "grain", "ml-collections", "safetensors")
@@ -53,7 +53,5 @@ def record_environment(workdir) -> epath.Path:
     runs = json.loads(path.read_text()) if path.exists() else []
     runs.append(environment())
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / (path.name + ".tmp")
-    tmp.write_text(json.dumps(runs, indent=1) + "\n")
-    tmp.replace(path)
+    write_atomically(path, json.dumps(runs, indent=1) + "\n")
     return path

@@ -10,7 +10,8 @@ epoch order (`streams.py`) and samples `group_size` episodes of each: continuati
 is episode n * K + k (one turn, so request n * K + k) with the run's seed, so its tokens depend only on the
 weights. Rewards [G, K] give `group_advantages` (std normalisation switchable); all-equal groups are always
 counted and, with `filter_zero_variance`, dropped (their rows get an empty action mask). The frozen reference
-(the starting policy in `reference_dtype`, on the actor's mesh with the actor's shardings, never updated) scores
+(the starting policy in `reference_dtype`, on the actor's devices in a mesh of its own, `mesh.reference`, never
+updated) scores
 the batch, then `ppo_epochs` x `minibatches` actor updates run and the loop publishes the new weights.
 
 Checkpoints hold `{"actor": actor.arrays()}` and meta {step, version, states_consumed}; step 0 is the starting
@@ -39,7 +40,7 @@ from mercury_jax.train.grpo_learner import frozen_reference, make_grpo_step, mak
 from mercury_jax.train.guards import NonFiniteGuard
 from mercury_jax.train.loop import Cadence, StepResult, run_loop
 from mercury_jax.train.pivot_data import build_pivots, prompt_ids, read_pivots, task_tool_schemas
-from mercury_jax.train.placement import batch_to_mesh, group_meshes, state_on_mesh, step_shardings
+from mercury_jax.train.placement import batch_to_mesh, role_meshes, state_on_mesh, step_shardings
 from mercury_jax.train.rollouts import Rollouts, Seams
 from mercury_jax.train.rundir import RunDir, StageDir, append_line
 from mercury_jax.train.state import TrainState
@@ -55,7 +56,7 @@ def run_grpo(config: ml_collections.ConfigDict, workdir: str | os.PathLike, seam
     """Warm start (when `sft.enabled`), then pivot GRPO; returns (actor model, metric history, reference
     (graphdef, state))."""
     run = RunDir(workdir)
-    model, tokenizer = starting_policy(config, run)
+    model, tokenizer = starting_policy(config, run, mesh=role_meshes(config, ("actor",))["actor"])
     algorithm = PivotGrpo(config, model, tokenizer, run.stage("grpo"), seams)
     history = run_loop(algorithm, run.stage("grpo"), grpo_cadence(config), train_cfg=config.get("train"),
                        rollouts=algorithm.rollouts, make_checkpointer=seams.make_checkpointer)
@@ -77,10 +78,11 @@ class PivotGrpo:
     def __init__(self, config: ml_collections.ConfigDict, model, tokenizer, stage: StageDir, seams: Seams = Seams()):
         self.config, self.cfg, self.rcfg, self.tokenizer = config, config.grpo, config.rollout, tokenizer
         self.stage_dir, self.steps, self.logs = stage, config.grpo.steps, (stage.samples,)
-        self.meshes = group_meshes(config.devices, ("rollout", "actor"))
+        self.meshes = role_meshes(config, ("rollout", "actor", "reference"))
         self.actor = state_on_mesh(model, self.cfg.actor_optimizer, self.meshes["actor"])
-        self.reference_graphdef, self.reference_state = frozen_reference(model, jnp.dtype(self.cfg.reference_dtype))
-        self.reference_logprobs = make_reference_logprobs(self.reference_graphdef)
+        self.reference_graphdef, self.reference_state = frozen_reference(model, jnp.dtype(self.cfg.reference_dtype),
+                                                                         mesh=self.meshes["reference"])
+        self.reference_logprobs = make_reference_logprobs(self.reference_graphdef, mesh=self.meshes["reference"])
         self.actor_step = make_grpo_step(self.actor.graphdef, self.actor.tx, self.cfg,
                                          state_shardings=step_shardings(self.actor))
         rules = dict(STOP_RULES, **self.cfg.stop_rules.to_dict())
@@ -129,7 +131,7 @@ class PivotGrpo:
         t1 = time.perf_counter()
         updated, applied, reference_s = False, True, 0.0
         if keep_G.any():
-            tokens = batch_to_mesh({"tokens": host_batch["tokens"]}, self.meshes["actor"])["tokens"]
+            tokens = batch_to_mesh({"tokens": host_batch["tokens"]}, self.meshes["reference"])["tokens"]
             host_batch["ref_logprobs"] = np.asarray(jax.device_get(self.reference_logprobs(self.reference_state,
                                                                                            tokens)))
             reference_s = time.perf_counter() - t1

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mercury_jax.parallel import param_shardings, with_mesh_context
 from mercury_jax.rl.losses import LOG_RATIO_CLAMP, kl_loss, ppo_clip_loss
 from mercury_jax.train.microbatch import mask_totals, token_share
 from mercury_jax.train.state import make_update_step
@@ -77,21 +78,23 @@ def make_grpo_step(actor_graphdef, tx, cfg, *, state_shardings=None):
                             micro_batches=cfg.get("micro_batches", 1), totals_fn=mask_totals(cfg.loss_agg))
 
 
-def make_reference_logprobs(reference_graphdef):
-    """jit(reference_state, tokens [B, T]) -> log-probs [B, T] fp32 of the frozen reference (never differentiated)."""
-    @jax.jit
+def make_reference_logprobs(reference_graphdef, *, mesh=None):
+    """jit(reference_state, tokens [B, T]) -> log-probs [B, T] fp32 of the frozen reference (never differentiated);
+    `mesh`: the reference's (the context for kernels that shard_map themselves)."""
     def reference_logprobs(reference_state, tokens_BxT):
         reference = nnx.merge(reference_graphdef, reference_state)
         return jax.lax.stop_gradient(sequence_logprobs(reference, tokens_BxT)).astype(jnp.float32)
-    return reference_logprobs
+    return jax.jit(with_mesh_context(reference_logprobs, mesh))
 
 
-def frozen_reference(model: nnx.Module, dtype) -> tuple:
-    """(graphdef, state) of a copy of `model` with every floating array cast to `dtype` (new buffers, same
-    shardings as the model's, so the reference is laid out like the actor and shares nothing with it)."""
+def frozen_reference(model: nnx.Module, dtype, *, mesh=None) -> tuple:
+    """(graphdef, state) of a copy of `model` with every floating array cast to `dtype` (new buffers that share
+    nothing with the model), laid out like the model or, with a `mesh` on the same devices, by its logical axes on
+    that mesh."""
     graphdef, state = nnx.split(model)
+    shardings = jax.tree.map(lambda x: x.sharding, state) if mesh is None else param_shardings(state, mesh)
     # jnp.copy first: an astype to the same dtype is no operation, and jit would hand back the actor's own buffer
     cast = jax.jit(lambda tree: jax.tree.map(
         lambda x: jnp.copy(x).astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else jnp.copy(x), tree),
-        out_shardings=jax.tree.map(lambda x: x.sharding, state))
+        out_shardings=shardings)
     return graphdef, cast(state)

@@ -84,7 +84,7 @@ def run_loop(algorithm: Algorithm, stage: StageDir, cadence: Cadence, *, train_c
     elif cadence.save_initial:
         checkpointer.save(0, algorithm.arrays(), _meta(algorithm, 0, version, rollouts))
 
-    logger = MetricsLogger(stage.path, total_steps=algorithm.steps, name=name, window=cadence.log_window,
+    logger = MetricsLogger(stage, total_steps=algorithm.steps, window=cadence.log_window,
                            tensorboard=is_local(stage.path))
     logger.truncate(start)
     for log in getattr(algorithm, "logs", ()):
@@ -137,7 +137,7 @@ def run_loop(algorithm: Algorithm, stage: StageDir, cadence: Cadence, *, train_c
             append_line(stage.evals, json.dumps(evaluations[-1]))
     if hasattr(algorithm, "finish"):
         algorithm.finish(logger.history, evaluations)
-    logger.plot(list(algorithm.plot_keys), stage.curves.name)
+    logger.plot(list(algorithm.plot_keys))
     logger.close()
     return logger.history
 

@@ -12,26 +12,21 @@ import time
 import numpy as np
 
 from mercury_jax.train.resume import read_jsonl, write_jsonl
-from mercury_jax.train.rundir import append_line, as_path
+from mercury_jax.train.rundir import StageDir, append_line, as_path
 
 
 class MetricsLogger:
-    def __init__(self, workdir: str | os.PathLike, *, total_steps: int, window: int = 20, name: str = "train",
-                 tensorboard: bool = True, stream=sys.stdout):
-        self.workdir = as_path(workdir)
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.path = self.workdir / f"{name}_metrics.jsonl"
-        self.total_steps = total_steps
-        self.window = window
-        self.name = name
-        self.stream = stream
+    def __init__(self, stage: StageDir, *, total_steps: int, window: int = 20, tensorboard: bool = True,
+                 stream=sys.stdout):
+        self.stage, self.path, self.name = stage.make(), stage.metrics, stage.name
+        self.total_steps, self.window, self.stream = total_steps, window, stream
         self.history: list[dict] = []
         if self.path.exists():  # a resumed run keeps its earlier curve (a torn last line is dropped)
             self.history = read_jsonl(self.path)
         self._writer = None
         if tensorboard:
             from tensorboardX import SummaryWriter  # noqa: PLC0415  (imports TensorFlow-style protobufs: only when asked)
-            self._writer = SummaryWriter(str(self.workdir / "tensorboard" / name))
+            self._writer = SummaryWriter(os.fspath(stage.tensorboard))
         self._start = time.perf_counter()
         self._start_step: int | None = None
 
@@ -66,7 +61,7 @@ class MetricsLogger:
         print(f"[{self.name}] step {step}/{self.total_steps} {shown} | {elapsed:.0f}s elapsed, ETA {remaining:.0f}s",
               file=self.stream, flush=True)
 
-    def plot(self, keys: list[str], filename: str | None = None):
+    def plot(self, keys: list[str]):
         """One PNG with a panel per key (raw per step and the window mean)."""
         keys = [k for k in keys if any(k in r for r in self.history)]
         if not keys:
@@ -86,7 +81,7 @@ class MetricsLogger:
             ax.legend(fontsize=7, loc="best")
         axes[-1, 0].set_xlabel("step")
         fig.tight_layout()
-        return save_figure(fig, self.workdir / (filename or f"{self.name}_curves.png"))
+        return save_figure(fig, self.stage.curves)
 
     def close(self) -> None:
         if self._writer is not None:

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from mercury_jax.rl.aggregation import denominator
 
-__all__ = ["MicroBatchError", "accumulate", "mask_totals", "split_rows", "token_share"]
+__all__ = ["MicroBatchError", "accumulate", "map_rows", "mask_totals", "merge_rows", "split_rows", "token_share"]
 
 
 class MicroBatchError(ValueError):
@@ -46,6 +46,20 @@ def split_rows(batch: dict, micro_batches: int) -> dict:
                               f"value that divides the rows per step (and the rows per data shard)")
     return jax.tree.map(lambda x: jnp.swapaxes(jnp.reshape(x, (b // micro_batches, micro_batches, *x.shape[1:])),
                                                0, 1), batch)
+
+
+def merge_rows(stacked: jax.Array) -> jax.Array:
+    """The inverse of `split_rows` for one array: [M, B / M, ...] -> [B, ...] with row b from micro-batch b mod M."""
+    rows = jnp.swapaxes(stacked, 0, 1)
+    return jnp.reshape(rows, (rows.shape[0] * rows.shape[1], *rows.shape[2:]))
+
+
+def map_rows(fn: Callable, x: jax.Array, micro_batches: int) -> jax.Array:
+    """`fn(x)` for a row-wise `fn` ([B, ...] -> [B, ...]), run on M micro-batches of rows one after another
+    (`lax.map`: the forward's working set is that of B / M rows); M = 1 calls `fn` once."""
+    if micro_batches == 1:
+        return fn(x)
+    return merge_rows(jax.lax.map(fn, split_rows({"x": x}, micro_batches)["x"]))
 
 
 def accumulate(share_fn: Callable, params, batch: dict, micro_batches: int, *, grad_shardings=None):

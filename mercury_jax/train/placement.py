@@ -1,4 +1,10 @@
-"""Where the trainers' arrays live: one mesh per device group, and batches / optimiser leaves placed on it.
+"""Where the trainers' arrays live: one mesh per role, and batches / optimiser leaves placed on it.
+
+Roles sit on consecutive device groups (`config.devices`: rollout, actor, critic; all 0 = every role on the
+default device); the GRPO `reference` shares the actor's devices. Each learner role's mesh has the axes (data,
+fsdp, expert, tensor) with the sizes of `config.mesh.<role>` (one -1 takes the rest of the group). A batch's rows
+are split over (data, fsdp, expert) (`ROW_AXES`, as the MoE dispatches tokens from their own shard) and repeated
+over tensor, which splits heads and hidden units instead.
 
 Every input of a jitted learner step must have the same layout at every step, or the step compiles again: the
 optimiser's step counts start uncommitted on the default device, so `onto_mesh` replicates them over the group's
@@ -14,20 +20,58 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from mercury_jax.parallel import make_mesh, shard_params
-from mercury_jax.train import setup
+from mercury_jax.parallel import make_mesh, mesh_axis_sizes, shard_params
 from mercury_jax.train.optim import make_optimizer
 from mercury_jax.train.state import TrainState
 
+ROW_AXES = ("data", "fsdp", "expert")
+GROUP_ORDER = ("rollout", "actor", "critic")  # the device groups' order on the device list (a ConfigDict sorts keys)
+DEVICE_GROUP_OF = {"reference": "actor"}  # a role without a device group of its own shares this one's devices
 
-def group_meshes(devices: Mapping[str, int], names: Iterable[str]) -> dict:
-    """A mesh per named device group (`fsdp` over the group's devices); all sizes 0: every group on device 0."""
-    sizes = {name: devices[name] for name in names}
-    if sum(sizes.values()) == 0:
-        device = jax.devices()[0]
-        return {name: make_mesh({}, devices=[device]) for name in sizes}
-    groups = setup.device_groups(sizes)
-    return {name: make_mesh({"fsdp": len(group)}, devices=group) for name, group in groups.items()}
+
+def role_devices(config, role: str) -> int:
+    """The number of devices of `role` (every group 0: 1, the shared default device)."""
+    groups = dict(config.devices)
+    return groups[DEVICE_GROUP_OF.get(role, role)] if any(groups.values()) else 1
+
+
+def role_mesh_sizes(config, role: str, num_devices: int | None = None) -> dict[str, int]:
+    """The axis sizes of `role`'s mesh (`config.mesh.<role>`; a role without an entry, e.g. the rollout side: fsdp
+    over its group); ValueError naming the role, its shape and its device count when they do not fit."""
+    num_devices = role_devices(config, role) if num_devices is None else num_devices
+    shape = dict(config.mesh[role]) if "mesh" in config and role in config.mesh else {"fsdp": -1}
+    try:
+        return mesh_axis_sizes(shape, num_devices)
+    except ValueError as error:
+        raise ValueError(f"mesh.{role} {shape} does not fit the {role} role's {num_devices} device(s) ({error}); "
+                         f"make the axis sizes multiply to {num_devices}, or set one of them to -1") from None
+
+
+def role_meshes(config, roles: Iterable[str]) -> dict:
+    """A mesh per role over its device group (consecutive slices of `jax.devices()`, in `GROUP_ORDER`), shaped by
+    `role_mesh_sizes`."""
+    groups = {name: config.devices[name] for name in sorted(config.devices, key=GROUP_ORDER.index)}
+    devices = device_groups(groups) if any(groups.values()) else {g: jax.devices()[:1] for g in groups}
+    return {role: make_mesh(role_mesh_sizes(config, role), devices=devices[DEVICE_GROUP_OF.get(role, role)])
+            for role in roles}
+
+
+def device_groups(sizes: dict[str, int]) -> dict[str, list]:
+    """Split the devices into consecutive named groups, e.g. {"rollout": 4, "actor": 2, "critic": 2}."""
+    devices = jax.devices()
+    if sum(sizes.values()) > len(devices):
+        raise ValueError(f"device groups {dict(sizes)} need {sum(sizes.values())} devices but only "
+                         f"{len(devices)} exist; shrink the groups in config.devices")
+    groups, start = {}, 0
+    for name, size in sizes.items():
+        groups[name] = devices[start:start + size]
+        start += size
+    return groups
+
+
+def row_shards(sizes: Mapping[str, int]) -> int:
+    """How many ways a batch's rows are split on a mesh of axis `sizes` (`mesh.shape`): the product of `ROW_AXES`."""
+    return int(np.prod([sizes[axis] for axis in ROW_AXES]))
 
 
 def onto_mesh(tree, mesh):
@@ -55,8 +99,8 @@ def step_shardings(state: TrainState):
 
 
 def batch_to_mesh(batch: Mapping, mesh) -> dict:
-    """Host arrays [B, ...] onto `mesh`, rows split over (data, fsdp)."""
-    sharding = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+    """Host arrays [B, ...] onto `mesh`, rows split over `ROW_AXES`."""
+    sharding = NamedSharding(mesh, PartitionSpec(ROW_AXES))
     return {k: jax.device_put(np.asarray(v), sharding) for k, v in batch.items()}
 
 

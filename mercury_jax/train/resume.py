@@ -16,7 +16,7 @@ import json
 import os
 import warnings
 
-from mercury_jax.train.rundir import RunDir, as_path
+from mercury_jax.train.rundir import RunDir, as_path, write_atomically
 
 # Fields (dotted prefixes) a resumed run must share with the run that wrote the checkpoints: they change the
 # parameters' shapes, the tokenizer, the tasks / states, or which data each step sees. Anything else (steps,
@@ -57,10 +57,7 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
 
 def write_jsonl(path: str | os.PathLike, records: list[dict]) -> None:
     """Replace the file with `records`, one JSON object a line (through a temporary file and a rename)."""
-    path = as_path(path)
-    staging = path.parent / (path.name + ".tmp")
-    staging.write_text("".join(json.dumps(r) + "\n" for r in records))
-    staging.replace(path)
+    write_atomically(as_path(path), "".join(json.dumps(r) + "\n" for r in records))
 
 
 def truncate_jsonl(path: str | os.PathLike, last_step: int) -> list[dict]:

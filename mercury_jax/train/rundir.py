@@ -55,6 +55,13 @@ def append_line(path: epath.Path, line: str) -> None:
         path.write_text((path.read_text() if path.exists() else "") + line + "\n")
 
 
+def write_atomically(path: epath.Path, text: str) -> None:
+    """Replace a text file through a temporary file and a rename: a kill leaves the old file or the new one."""
+    staging = path.parent / (path.name + ".tmp")
+    staging.write_text(text)
+    staging.replace(path)
+
+
 class RunDir:
     """A run's directory (see the module docstring for the layout); `root` is a local path or a URI."""
 

@@ -2,14 +2,15 @@
 (docs/ALGORITHMS.md, pipeline 1; the per-step math is in `sao_learner.py`, the loop around it in `loop.py`).
 
 Device groups come from `config.devices` (rollout / actor / critic; all 0 = one shared device): the actor and the
-critic each live on their own mesh (batch sharded over it), the rollout side (`rollouts.py`) on the rollout
-devices with a copy of the actor's weights that the loop replaces after every policy update (version = policy
-updates so far). `rollout.mode = "sync"` samples every batch with the latest weights, episode e of the run always
-being request block e with the run's seed, so a killed run resumes bit-for-bit; `"async"` keeps a `RolloutWorker`
-generating in the background and drops trajectories more than `sao.max_staleness` versions old (`dropped_stale`).
-An async resume restarts from the tasks handed out at the checkpoint (episodes in flight then are not replayed),
-so it is not bit-exact. A non-finite critic or actor update raises `NonFiniteError` naming the step (or, with
-`train.nonfinite="skip"`, skips the rest of the step: no publish, no version).
+critic each live on their own mesh (`config.mesh.<role>`, `placement.py`), the policy created or loaded straight
+into the actor's sharding and the critic's backbone copied from it straight into the critic's; the rollout side
+(`rollouts.py`) on the rollout devices with a copy of the actor's weights that the loop replaces after every policy
+update (version = policy updates so far). `rollout.mode = "sync"` samples every batch with the latest weights,
+episode e of the run always being request block e with the run's seed, so a killed run resumes bit-for-bit;
+`"async"` keeps a `RolloutWorker` generating in the background and drops trajectories more than `sao.max_staleness`
+versions old (`dropped_stale`). An async resume restarts from the tasks handed out at the checkpoint (episodes in
+flight then are not replayed), so it is not bit-exact. A non-finite critic or actor update raises `NonFiniteError`
+naming the step (or, with `train.nonfinite="skip"`, skips the rest of the step: no publish, no version).
 
 Held-out evaluations run the same tasks with the same sampling seeds every time (`WORKDIR/sao/evals.jsonl`); the
 run ends with the paired comparison of the last against the warm start (`eval_summary.json`, `sao_heldout.png`).
@@ -29,7 +30,7 @@ from mercury_jax.rollout.trajectory import Trajectory, batch_trajectories, padde
 from mercury_jax.train import setup
 from mercury_jax.train.loop import Cadence, StepResult, run_loop
 from mercury_jax.train.metrics import plot_evaluations
-from mercury_jax.train.placement import batch_to_mesh, group_meshes, state_on_mesh, step_shardings
+from mercury_jax.train.placement import batch_to_mesh, role_meshes, state_on_mesh, step_shardings
 from mercury_jax.train.rollouts import Rollouts, Seams
 from mercury_jax.train.rundir import RunDir, StageDir
 from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step
@@ -43,7 +44,7 @@ EVAL_SEED_OFFSET = 1_000_003  # held-out episodes sample from their own seed str
 def run_sao(config: ml_collections.ConfigDict, workdir: str | os.PathLike, seams: Seams = Seams()):
     """Warm start (when `sft.enabled`), then SAO; returns (actor model, critic model, metric history)."""
     run = RunDir(workdir)
-    model, tokenizer = starting_policy(config, run)
+    model, tokenizer = starting_policy(config, run, mesh=role_meshes(config, ("actor",))["actor"])
     algorithm = Sao(config, model, tokenizer, run.stage("sao"), seams)
     history = run_loop(algorithm, run.stage("sao"), sao_cadence(config), train_cfg=config.get("train"),
                        rollouts=algorithm.rollouts, make_checkpointer=seams.make_checkpointer)
@@ -65,15 +66,15 @@ class Sao:
     def __init__(self, config: ml_collections.ConfigDict, model, tokenizer, stage: StageDir, seams: Seams = Seams()):
         self.cfg, self.rcfg, self.tokenizer, self.stage_dir = config.sao, config.rollout, tokenizer, stage
         self.steps = self.cfg.steps
-        self.meshes = group_meshes(config.devices, ("rollout", "actor", "critic"))
-        critic = Qwen35MoeCritic.from_policy(model)
+        self.meshes = role_meshes(config, ("rollout", "actor", "critic"))
+        critic = Qwen35MoeCritic.from_policy(model, mesh=self.meshes["critic"])
         self.actor = state_on_mesh(model, self.cfg.actor_optimizer, self.meshes["actor"])
         self.critic = state_on_mesh(critic, self.cfg.critic_optimizer, self.meshes["critic"], critic_trainable)
         self.actor_step = make_actor_step(self.actor.graphdef, self.actor.tx, self.cfg,
                                           state_shardings=step_shardings(self.actor))
         self.critic_step = make_critic_step(self.critic.graphdef, self.critic.tx, self.cfg,
                                             state_shardings=step_shardings(self.critic))
-        self.advantage_fn = make_advantage_fn(self.critic.graphdef, self.cfg)
+        self.advantage_fn = make_advantage_fn(self.critic.graphdef, self.cfg, mesh=self.meshes["critic"])
 
         tasks = seams.tasks or (lambda split: setup.world_tasks(config.world, split))
         self.stream = TaskStream(tasks("train"), config.seed)

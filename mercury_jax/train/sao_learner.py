@@ -16,9 +16,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mercury_jax.parallel import with_mesh_context
 from mercury_jax.rl.advantages import length_adaptive_lambda, masked_whiten, skip_observation_gae
 from mercury_jax.rl.losses import dis_policy_loss, value_loss
-from mercury_jax.train.microbatch import mask_totals, token_share
+from mercury_jax.train.microbatch import map_rows, mask_totals, token_share
 from mercury_jax.train.state import make_update_step
 from models.qwen35_moe.logprobs import sequence_logprobs
 
@@ -29,12 +30,15 @@ def aligned_values(critic, tokens_BxT):
     return jnp.pad(values_BxT[:, :-1], ((0, 0), (1, 0)))
 
 
-def make_advantage_fn(critic_graphdef, cfg):
-    @jax.jit
+def make_advantage_fn(critic_graphdef, cfg, *, mesh=None):
+    """jit(critic params, frozen, batch) -> (advantages, returns, values, stats). The critic's forward runs over
+    `cfg.critic_micro_batches` micro-batches of rows (`microbatch.map_rows`), as its update step does; GAE then
+    runs on the whole batch. `mesh`: the critic's (the context for kernels that shard_map themselves)."""
     def advantages(critic_params, critic_frozen, batch):
         critic = nnx.merge(critic_graphdef, critic_params, critic_frozen)
         mask = batch["action_mask"]
-        values = aligned_values(critic, batch["tokens"]) * mask
+        values = map_rows(lambda tokens: aligned_values(critic, tokens), batch["tokens"],
+                          cfg.get("critic_micro_batches", 1)) * mask
         lam = length_adaptive_lambda(mask, alpha=cfg.alpha)
         adv, _ = skip_observation_gae(batch["rewards"], values, mask, gamma=cfg.gamma, lam=lam, check=False)
         critic_adv, _ = skip_observation_gae(batch["rewards"], values, mask, gamma=cfg.gamma, lam=cfg.lam_critic,
@@ -52,7 +56,7 @@ def make_advantage_fn(critic_graphdef, cfg):
                  "advantage_mean": jnp.sum(adv) / count, "value_mean": jnp.sum(values) / count,
                  "lambda_mean": jnp.mean(lam)}
         return adv, returns, values, stats
-    return advantages
+    return jax.jit(with_mesh_context(advantages, mesh))
 
 
 def make_critic_step(critic_graphdef, tx, cfg, *, state_shardings=None):

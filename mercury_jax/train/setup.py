@@ -5,7 +5,6 @@ import asyncio
 import os
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 from flax import nnx
@@ -15,6 +14,7 @@ from mercury_jax.envs.behaviour import BehaviourConfig
 from mercury_jax.envs.episode import make_episode, oracle_trajectory
 from mercury_jax.envs.generate import read_tasks
 from mercury_jax.envs.presets import preset_tasks
+from mercury_jax.parallel import init_sharded
 from mercury_jax.rollout.episode import Budgets, SamplingParams
 from mercury_jax.rollout.rewards import EffectsReward
 from mercury_jax.train.rundir import RunDir
@@ -74,36 +74,36 @@ def build_tokenizer(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike |
     raise ValueError(f"tokenizer.kind {cfg.kind!r} is not 'qwen35' or 'sentencepiece'")
 
 
-def build_model(cfg: ml_collections.ConfigDict, vocab_size: int, seed: int) -> Qwen35MoeForCausalLM:
-    """From an HF checkpoint (`hf_path`) or from scratch (`preset` + `overrides`), fp32 master weights."""
+RUNTIME_FIELDS = ("dtype", "remat_policy", "moe_impl", "attention_impl", "gdn_impl")
+
+
+def model_runtime(cfg: ml_collections.ConfigDict) -> dict:
+    """The model config fields a run sets (`RUNTIME_FIELDS`: compute dtype and implementations) from its `model`
+    section; a field the section lacks (an older run's config.json) keeps the model's default."""
+    return {name: cfg[name] for name in RUNTIME_FIELDS if name in cfg}
+
+
+def build_model(cfg: ml_collections.ConfigDict, vocab_size: int, seed: int, *, mesh=None) -> Qwen35MoeForCausalLM:
+    """From an HF checkpoint (`hf_path`) or from scratch (`preset` + `overrides`), fp32 master weights. With a
+    `mesh`, created straight into its sharding there: a checkpoint tensor by tensor (`load_hf(mesh=)`), a preset
+    by abstract shapes and a sharded jitted init (`parallel.init_sharded`: an eager init's values to an fp32 ulp)."""
     if cfg.hf_path:
         if not Path(cfg.hf_path).exists():
             raise FileNotFoundError(f"model.hf_path {cfg.hf_path} does not exist; point it at an HF checkpoint "
                                     f"directory or set model.hf_path='' and model.preset='tiny'")
-        return load_hf(cfg.hf_path, dtype=jnp.float32, compute_dtype=cfg.dtype, remat_policy=cfg.remat_policy,
-                       moe_impl=cfg.moe_impl)
+        runtime = model_runtime(cfg)
+        return load_hf(cfg.hf_path, dtype=jnp.float32, compute_dtype=runtime.pop("dtype"), mesh=mesh, **runtime)
     if cfg.preset not in PRESETS:
         raise ValueError(f"model.preset {cfg.preset!r} is not one of {sorted(PRESETS)}")
     vocab = -(-vocab_size // 64) * 64
-    runtime = dict(dtype=cfg.dtype, remat_policy=cfg.remat_policy, moe_impl=cfg.moe_impl)
+    runtime = model_runtime(cfg)
     if cfg.preset == "tiny":
         model_cfg = PRESETS["tiny"](vocab_size=vocab, **runtime, **cfg.overrides.to_dict())
     else:
         model_cfg = PRESETS[cfg.preset](**runtime)
-    return Qwen35MoeForCausalLM(model_cfg, rngs=nnx.Rngs(seed))
-
-
-def device_groups(sizes: dict[str, int]) -> dict[str, list]:
-    """Split the devices into consecutive named groups, e.g. {"rollout": 4, "actor": 2, "critic": 2}."""
-    devices = jax.devices()
-    if sum(sizes.values()) > len(devices):
-        raise ValueError(f"device groups {dict(sizes)} need {sum(sizes.values())} devices but only "
-                         f"{len(devices)} exist; shrink the groups in config.devices")
-    groups, start = {}, 0
-    for name, size in sizes.items():
-        groups[name] = devices[start:start + size]
-        start += size
-    return groups
+    def make():
+        return Qwen35MoeForCausalLM(model_cfg, rngs=nnx.Rngs(seed))
+    return make() if mesh is None else init_sharded(make, mesh)
 
 
 def rollout_budgets(rollout: ml_collections.ConfigDict):

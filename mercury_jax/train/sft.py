@@ -36,7 +36,7 @@ class Sft:
         self.update = make_sft_step(self.state.graphdef, self.state.tx, cfg)
 
     def arrays(self) -> dict:
-        return {"params": self.state.params, "frozen": self.state.frozen, "opt_state": self.state.opt_state}
+        return self.state.arrays()
 
     def meta(self) -> dict:
         return {}

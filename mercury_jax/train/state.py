@@ -14,6 +14,7 @@ import jax
 import optax
 from flax import nnx
 
+from mercury_jax.parallel import mesh_of, with_mesh_context
 from mercury_jax.train.guards import finite_flag, keep_if_finite
 from mercury_jax.train.microbatch import accumulate
 
@@ -84,4 +85,6 @@ def make_update_step(graphdef, tx: optax.GradientTransformation, loss_fn: Callab
         return params, opt_state, {**metrics, "loss": loss, "grad_norm": grad_norm}
 
     out_shardings = None if state_shardings is None else (*state_shardings, None)
-    return jax.jit(step, donate_argnums=(0, 2) if donate else (), out_shardings=out_shardings)
+    # kernels XLA cannot partition (splash attention, the EP MoE) shard_map themselves over the parameters' mesh
+    return jax.jit(with_mesh_context(step, mesh_of(state_shardings)), donate_argnums=(0, 2) if donate else (),
+                   out_shardings=out_shardings)

@@ -14,6 +14,8 @@ from mercury_jax.envs.browse.stop_verifier import STOP_RULES
 from mercury_jax.rl.aggregation import LOSS_AGG_MODES
 from mercury_jax.train.guards import NonFiniteGuard
 from mercury_jax.train.pivot_data import SOURCES
+from mercury_jax.train.placement import role_mesh_sizes, row_shards
+from models.qwen35_moe.config import ATTENTION_IMPLS, GDN_IMPLS, MOE_IMPLS, REMAT_POLICIES
 
 REQUIRED = {
     "sft": ("seed", "model", "tokenizer", "world", "sft", "checkpoint"),
@@ -42,6 +44,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     if config.world.corpus_dir and not Path(config.world.corpus_dir).exists():
         raise ConfigError(f"world.corpus_dir {config.world.corpus_dir!r} does not exist; generate it with "
                           f"python -m mercury_jax.envs.generate --out DIR")
+    _validate_model_runtime(model)
     if "behaviour" in config:
         _validate_behaviour(config.behaviour)
     # SFT trains on one device (train/sft.py builds no mesh): all its rows are one data shard
@@ -67,8 +70,19 @@ def _check_micro_batches(field: str, micro_batches, rows: int, shards: int, rows
     if per_shard % micro_batches:
         fits = [d for d in range(1, per_shard + 1) if per_shard % d == 0]
         raise ConfigError(f"{field} = {micro_batches} does not divide the {per_shard} rows per data shard "
-                          f"({rows_field} = {rows} rows over {shards} {group} device(s)); set {field} to one of "
-                          f"{fits}, or change {rows_field}")
+                          f"({rows_field} = {rows} rows over the {shards} row shard(s) of the {group} mesh); set "
+                          f"{field} to one of {fits}, or change {rows_field}")
+
+
+def _validate_model_runtime(model) -> None:
+    for field, allowed in (("remat_policy", REMAT_POLICIES), ("moe_impl", MOE_IMPLS),
+                           ("attention_impl", ATTENTION_IMPLS), ("gdn_impl", GDN_IMPLS)):
+        if field in model and model[field] not in allowed:
+            raise ConfigError(f"model.{field} is {model[field]!r}; use one of {list(allowed)}")
+    if model.get("attention_impl") == "splash" and jax.default_backend() != "tpu":
+        raise ConfigError(f"model.attention_impl 'splash' is the Pallas TPU kernel and this backend is "
+                          f"{jax.default_backend()!r}; pass --config.model.attention_impl=blockwise (the same "
+                          f"attention without [T, S] scores, pure JAX) or 'dense'")
 
 
 def _validate_behaviour(behaviour) -> None:
@@ -83,22 +97,35 @@ def _validate_behaviour(behaviour) -> None:
                           f"({behaviour.runaway_chars}) must be >= 1")
 
 
-def _validate_sao(config) -> None:
+def _check_device_groups(config) -> None:
     groups = dict(config.devices)
     total = sum(groups.values())
-    if total == 0:
-        groups = {name: 1 for name in groups}  # everything shares the default device
-    elif min(groups.values()) == 0:
+    if total and min(groups.values()) == 0:
         raise ConfigError(f"config.devices {groups}: give every group a device count, or all 0 to share one")
-    elif total > jax.device_count():
+    if total > jax.device_count():
         raise ConfigError(f"config.devices {groups} needs {total} devices but {jax.device_count()} exist; shrink "
                           f"the groups (e.g. --config.devices.rollout=1)")
+
+
+def _row_shards(config, role: str) -> tuple[int, dict]:
+    """(how many ways `role`'s mesh splits a batch's rows, its axis sizes); ConfigError when the mesh does not fit."""
+    try:
+        sizes = role_mesh_sizes(config, role)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    return row_shards(sizes), sizes
+
+
+def _validate_sao(config) -> None:
+    _check_device_groups(config)
     for name in ("actor", "critic"):
-        if config.sao.batch_prompts % groups[name]:
-            raise ConfigError(f"sao.batch_prompts {config.sao.batch_prompts} is not divisible by the {groups[name]} "
-                              f"{name} devices; change sao.batch_prompts or devices.{name}")
+        shards, sizes = _row_shards(config, name)
+        if config.sao.batch_prompts % shards:
+            raise ConfigError(f"sao.batch_prompts {config.sao.batch_prompts} is not divisible by the {shards} row "
+                              f"shards of the {name} mesh {sizes} (data x fsdp x expert); change sao.batch_prompts "
+                              f"or mesh.{name} / devices.{name}")
         _check_micro_batches(f"sao.{name}_micro_batches", config.sao.get(f"{name}_micro_batches", 1),
-                             config.sao.batch_prompts, groups[name], "sao.batch_prompts", name)
+                             config.sao.batch_prompts, shards, "sao.batch_prompts", name)
     if not 0 < config.sao.eps_low < 1 or config.sao.eps_high <= 0:
         raise ConfigError(f"sao.eps_low must be in (0, 1) and sao.eps_high > 0, got {config.sao.eps_low}, "
                           f"{config.sao.eps_high}")
@@ -119,20 +146,18 @@ def _validate_grpo(config) -> None:
     if rows % g.minibatches:
         raise ConfigError(f"grpo.batch_states x grpo.group_size = {rows} rows do not split into {g.minibatches} "
                           f"equal minibatches; change grpo.minibatches")
-    groups = {"rollout": config.devices.rollout, "actor": config.devices.actor}
-    total = sum(groups.values())
-    if total and min(groups.values()) == 0:
-        raise ConfigError(f"config.devices {groups}: give every group a device count, or all 0 to share one")
-    if total > jax.device_count():
-        raise ConfigError(f"config.devices {groups} needs {total} devices but {jax.device_count()} exist; shrink "
-                          f"the groups (e.g. --config.devices.actor=1)")
-    actor_devices = groups["actor"] or 1
-    if (rows // g.minibatches) % actor_devices:
+    _check_device_groups(config)
+    shards, sizes = _row_shards(config, "actor")
+    if (rows // g.minibatches) % shards:
         raise ConfigError(f"a minibatch of {rows // g.minibatches} rows (grpo.batch_states x grpo.group_size / "
-                          f"grpo.minibatches) is not divisible by the {actor_devices} actor devices; change "
-                          f"grpo.batch_states or devices.actor")
-    _check_micro_batches("grpo.micro_batches", g.get("micro_batches", 1), rows // g.minibatches, actor_devices,
+                          f"grpo.minibatches) is not divisible by the {shards} row shards of the actor mesh {sizes} "
+                          f"(data x fsdp x expert); change grpo.batch_states or mesh.actor / devices.actor")
+    _check_micro_batches("grpo.micro_batches", g.get("micro_batches", 1), rows // g.minibatches, shards,
                          "grpo.batch_states x grpo.group_size / grpo.minibatches", "actor")
+    shards, sizes = _row_shards(config, "reference")
+    if rows % shards:
+        raise ConfigError(f"grpo.batch_states x grpo.group_size = {rows} rows are not divisible by the {shards} row "
+                          f"shards of the reference mesh {sizes} (on the actor's devices); change mesh.reference")
     if g.kl_coef < 0:
         raise ConfigError(f"grpo.kl_coef must be >= 0 (0 turns the KL off), got {g.kl_coef}")
     if g.kl_estimator not in ("k1", "k2", "k3"):

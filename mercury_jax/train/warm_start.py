@@ -43,16 +43,17 @@ def run_sft_pipeline(config: ml_collections.ConfigDict, workdir: str | os.PathLi
     return model, tokenizer
 
 
-def starting_policy(config: ml_collections.ConfigDict, run: RunDir):
-    """(policy, tokenizer): the SFT warm start when `sft.enabled` (tiny demos), else `model.hf_path` / the preset
-    (a SentencePiece tokenizer is still trained on, and cached beside, the warm start's oracle text)."""
+def starting_policy(config: ml_collections.ConfigDict, run: RunDir, *, mesh=None):
+    """(policy, tokenizer): the SFT warm start when `sft.enabled` (tiny demos, one device), else `model.hf_path` /
+    the preset created straight into its sharding on `mesh` (a SentencePiece tokenizer is still trained on, and
+    cached beside, the warm start's oracle text)."""
     if config.sft.enabled:
         return run_sft_pipeline(config, run)
     if config.tokenizer.kind == "sentencepiece":
         tokenizer, _ = prepare_sft_data(config, run)
     else:
         tokenizer = setup.build_tokenizer(config.tokenizer, run, [])
-    return setup.build_model(config.model, tokenizer.vocab_size, config.seed), tokenizer
+    return setup.build_model(config.model, tokenizer.vocab_size, config.seed, mesh=mesh), tokenizer
 
 
 def starting_policy_name(config: ml_collections.ConfigDict) -> str:

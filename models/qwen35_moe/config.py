@@ -18,7 +18,8 @@ from kernels.gated_delta.interface import IMPLS as GATED_DELTA_IMPLS
 
 LINEAR_ATTENTION = "linear_attention"
 FULL_ATTENTION = "full_attention"
-REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
+REMAT_POLICIES = ("none", "full", "save_layer_inputs", "save_layer_and_moe_inputs", "dots_saveable",
+                  "dots_with_no_batch_dims_saveable")
 GDN_IMPLS = GATED_DELTA_IMPLS  # the kernel registry: "auto", "chunked", "pallas", "recurrent"
 MOE_IMPLS = ("ragged", "dense", "ep")
 # "dense": [T, S] scores; "blockwise": online softmax over key blocks (pure JAX); "splash": the Pallas TPU kernel

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mercury_jax.parallel import copy_into
 from models.qwen35_moe.config import Qwen35MoeConfig
 from models.qwen35_moe.model import Qwen35MoeForCausalLM, Qwen35MoeModel
 from models.qwen35_moe.params import constant_init, make_param
@@ -25,11 +26,15 @@ class Qwen35MoeCritic(nnx.Module):
         self.value_bias = make_param(rngs, constant_init(0.0), (), (), jnp.float32)
 
     @classmethod
-    def from_policy(cls, policy: Qwen35MoeForCausalLM, *, rngs: nnx.Rngs | None = None) -> Qwen35MoeCritic:
-        """A critic whose backbone is a copy of the policy's (value head zero)."""
+    def from_policy(cls, policy: Qwen35MoeForCausalLM, *, mesh=None) -> Qwen35MoeCritic:
+        """A critic whose backbone is a copy of the policy's (value head zero). With a `mesh`, every parameter is
+        copied straight into its sharding there (the policy may live on another mesh; nothing is gathered)."""
         abstract = nnx.eval_shape(lambda: cls(policy.config, rngs=nnx.Rngs(0)))
         graphdef, state = nnx.split(abstract)
-        state["model"] = jax.tree.map(jnp.copy, nnx.state(policy.model))
+        if mesh is None:
+            state["model"] = jax.tree.map(jnp.copy, nnx.state(policy.model))
+        else:
+            state["model"] = copy_into(nnx.state(policy.model), state["model"], mesh)
         state["value_head"].set_value(jnp.zeros((policy.config.hidden_size,), jnp.float32))
         state["value_bias"].set_value(jnp.zeros((), jnp.float32))
         return nnx.merge(graphdef, state)

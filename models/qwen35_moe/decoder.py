@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from models.qwen35_moe.attention import Attention
 from models.qwen35_moe.config import FULL_ATTENTION, Qwen35MoeConfig
@@ -18,8 +19,15 @@ from models.qwen35_moe.gated_deltanet import GatedDeltaNet
 from models.qwen35_moe.moe import SparseMoe
 from models.qwen35_moe.norms import RMSNorm
 
+# Named residuals (`checkpoint_name`) a policy may keep: each layer's input, and the MoE's input (the mixer's output
+# added to the residual stream). "full" keeps nothing inside a block: the backward pass recomputes the whole block
+# from the scan carry (one [B, T, H] per block); the named policies keep 4 or 8 [B, T, H] per block of 4 layers
+# and recompute one layer (or one half-layer) at a time.
+LAYER_INPUT, MOE_INPUT = "layer_input", "moe_input"
 _REMAT_POLICIES = {
     "full": None,
+    "save_layer_inputs": jax.checkpoint_policies.save_only_these_names(LAYER_INPUT),
+    "save_layer_and_moe_inputs": jax.checkpoint_policies.save_only_these_names(LAYER_INPUT, MOE_INPUT),
     "dots_saveable": jax.checkpoint_policies.dots_saveable,
     "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
@@ -38,13 +46,14 @@ class DecoderLayer(nnx.Module):
         self.moe = SparseMoe(config, rngs=rngs)
 
     def __call__(self, x_BxTxH, *, positions_BxT, segment_ids_BxT, cache, cache_start_B, valid_BxT):
+        x_BxTxH = checkpoint_name(x_BxTxH, LAYER_INPUT)
         normed = self.input_norm(x_BxTxH)
         if self.layer_type == FULL_ATTENTION:
             mixed, new_cache = self.mixer(normed, positions_BxT=positions_BxT, segment_ids_BxT=segment_ids_BxT,
                                           cache=cache, cache_start_B=cache_start_B, valid_BxT=valid_BxT)
         else:
             mixed, new_cache = self.mixer(normed, segment_ids_BxT=segment_ids_BxT, cache=cache, valid_BxT=valid_BxT)
-        h_BxTxH = x_BxTxH + mixed
+        h_BxTxH = checkpoint_name(x_BxTxH + mixed, MOE_INPUT)
         moe_out, aux = self.moe(self.post_norm(h_BxTxH))
         return h_BxTxH + moe_out, new_cache, aux
 
