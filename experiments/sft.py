@@ -16,9 +16,9 @@ def sft_config() -> ml_collections.ConfigDict:
     c.steps = 2000
     c.batch_rows = 64
     c.row_length = 32768
-    # gradient accumulation inside each step (train/microbatch.py): SFT trains on one device (train/sft.py builds
-    # no mesh), so 64 micro-batches of one 32,768-token row; with a device group of N chips it would be 64 / N
-    c.micro_batches = 64
+    # gradient accumulation inside each step (train/microbatch.py): 64 rows over the 32 chips of the actor's mesh,
+    # 2 micro-batches of one 32,768-token row a chip
+    c.micro_batches = 2
     c.optimizer = ml_collections.ConfigDict(dict(lr=1e-5, warmup_steps=50, b1=0.9, b2=0.98, eps=1e-8,
                                                  weight_decay=0.0, grad_clip=1.0))
     c.log_every = 10
@@ -40,9 +40,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = common.base_config("sft")
     c.sft = sft_config()
     c.checkpoint = common.checkpoint_config(every=500)
+    c.devices = ml_collections.ConfigDict(dict(actor=32))  # all 0: the default device
+    c.mesh = common.mesh_config(("actor",))
 
     if tiny:
         common.tiny_common(c)
         tiny_sft(c.sft)
         c.checkpoint.every = 50
+        c.devices.actor = 0
     return c

@@ -17,10 +17,11 @@ def pytest_report_header(config):
     return f"jax {jax.__version__}, devices: {jax.device_count()} x {jax.devices()[0].platform}"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def persistent_compilation_cache(tmp_path_factory):
-    """A resumed run compiles the same programs as the uninterrupted one: with a persistent cache, each compiles
-    once."""
+    """A resumed run compiles the same programs as the uninterrupted one, and the trainer test modules run the same
+    tiny programs: with one persistent cache for the session (from the first module that asks for it on), each
+    compiles once."""
     from jax.experimental.compilation_cache import compilation_cache
 
     keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",

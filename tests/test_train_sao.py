@@ -47,6 +47,7 @@ TIMING_KEYS = ("tokens_per_s", "rollout_s", "learner_s", "step_time_s")
 
 def tiny_sao_config(steps: int):
     c = get_config("tiny")
+    c.model.overrides.num_hidden_layers = 2  # one GDN + one attention layer: every code path, faster compiles
     c.sft.steps, c.sft.batch_rows, c.sft.log_every = 2, 2, 1
     c.sao.steps, c.sao.batch_prompts, c.sao.critic_only_steps, c.sao.eval_every = steps, 4, CRITIC_ONLY, 0
     c.rollout.num_slots, c.rollout.max_total_tokens = 4, 512
@@ -329,6 +330,7 @@ def test_missing_checkpoint_path_fails_with_the_fix():
 def test_batch_not_divisible_by_actor_devices_fails_with_the_fix():
     config = tiny_sao_config(1)
     config.devices.rollout, config.devices.actor, config.devices.critic = 1, 3, 2
+    config.sft.batch_rows = 6  # the warm start (on the actor's mesh) splits over 3 and 2 devices
     with pytest.raises(ConfigError, match=r"batch_prompts 4 is not divisible by the 3 row shards of the actor mesh "
                                           r".*; change sao.batch_prompts or mesh.actor / devices.actor"):
         validate_config(config)

@@ -17,6 +17,7 @@ import numpy as np
 from mercury_jax.train.loop import Cadence, StepResult, run_loop
 from mercury_jax.train.optim import make_optimizer
 from mercury_jax.train.packing import pack_sequences
+from mercury_jax.train.placement import batch_to_mesh, state_on_mesh, step_shardings
 from mercury_jax.train.rundir import StageDir, as_path
 from mercury_jax.train.sft_learner import make_sft_step
 from mercury_jax.train.state import TrainState
@@ -29,11 +30,16 @@ class Sft:
     plot_keys = ("loss", "token_accuracy_proxy")
 
     def __init__(self, cfg: ml_collections.ConfigDict, model, sequences: list[tuple[list[int], list[int]]], *,
-                 seed: int = 0, pad_id: int = 0):
-        self.cfg, self.seed, self.steps = cfg, seed, cfg.steps
+                 seed: int = 0, pad_id: int = 0, mesh=None):
+        self.cfg, self.seed, self.steps, self.mesh = cfg, seed, cfg.steps, mesh
         self.packed = pack_sequences(sequences, cfg.row_length, pad_id=pad_id)
-        self.state = TrainState.create(model, make_optimizer(cfg.optimizer))
-        self.update = make_sft_step(self.state.graphdef, self.state.tx, cfg)
+        if mesh is None:
+            self.state = TrainState.create(model, make_optimizer(cfg.optimizer))
+            self.update = make_sft_step(self.state.graphdef, self.state.tx, cfg)
+        else:
+            self.state = state_on_mesh(model, cfg.optimizer, mesh)
+            self.update = make_sft_step(self.state.graphdef, self.state.tx, cfg,
+                                        state_shardings=step_shardings(self.state))
 
     def arrays(self) -> dict:
         return self.state.arrays()
@@ -50,6 +56,8 @@ class Sft:
     def batch(self, step: int) -> dict:
         """The packed rows of step `step` (1-based)."""
         rows = batch_rows(len(self.packed["tokens"]), self.cfg.batch_rows, step - 1, self.seed)
+        if self.mesh is not None:
+            return batch_to_mesh({k: v[rows] for k, v in self.packed.items()}, self.mesh)
         return {k: jnp.asarray(v[rows]) for k, v in self.packed.items()}
 
     def step(self, step: int, *, version: int, guard) -> StepResult:
@@ -63,10 +71,12 @@ class Sft:
 
 def run_sft(cfg: ml_collections.ConfigDict, model, sequences: list[tuple[list[int], list[int]]],
             workdir: str | os.PathLike, *, seed: int = 0, checkpoint_cfg: ml_collections.ConfigDict | None = None,
-            pad_id: int = 0, train_cfg: ml_collections.ConfigDict | None = None, algorithm: type[Sft] = Sft):
+            pad_id: int = 0, train_cfg: ml_collections.ConfigDict | None = None, algorithm: type[Sft] = Sft,
+            mesh=None):
     """Train `model` on (tokens, action_mask) sequences in the stage directory `workdir`; returns the trained
-    model and the metric history. `train_cfg` (the config's `train` section) sets the non-finite policy."""
-    sft = algorithm(cfg, model, sequences, seed=seed, pad_id=pad_id)
+    model and the metric history. `train_cfg` (the config's `train` section) sets the non-finite policy; `mesh`
+    (the actor role's) shards the parameters, optimiser state and rows (None: the model's own device)."""
+    sft = algorithm(cfg, model, sequences, seed=seed, pad_id=pad_id, mesh=mesh)
     checkpoint_cfg = checkpoint_cfg or ml_collections.ConfigDict(dict(every=0, keep=1, async_save=False))
     history = run_loop(sft, StageDir(as_path(workdir), "sft"),
                        Cadence.from_config(checkpoint_cfg, log_every=cfg.log_every), train_cfg=train_cfg)

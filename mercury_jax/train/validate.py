@@ -47,9 +47,15 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _validate_model_runtime(model)
     if "behaviour" in config:
         _validate_behaviour(config.behaviour)
-    # SFT trains on one device (train/sft.py builds no mesh): all its rows are one data shard
-    _check_micro_batches("sft.micro_batches", config.sft.get("micro_batches", 1), config.sft.batch_rows, 1,
-                         "sft.batch_rows", "SFT")
+    if "devices" in config:
+        _check_device_groups(config)
+    if pipeline == "sft" or config.sft.enabled:  # the warm start trains on the actor's mesh
+        shards = _row_shards(config, "actor")[0] if "devices" in config else 1
+        if config.sft.batch_rows % shards:
+            raise ConfigError(f"sft.batch_rows {config.sft.batch_rows} is not divisible by the {shards} row shards "
+                              f"of the actor mesh; change sft.batch_rows or mesh.actor / devices.actor")
+        _check_micro_batches("sft.micro_batches", config.sft.get("micro_batches", 1), config.sft.batch_rows, shards,
+                             "sft.batch_rows", "actor")
     if "train" in config:
         try:
             NonFiniteGuard.from_config(config.train, name=pipeline)
@@ -117,7 +123,6 @@ def _row_shards(config, role: str) -> tuple[int, dict]:
 
 
 def _validate_sao(config) -> None:
-    _check_device_groups(config)
     for name in ("actor", "critic"):
         shards, sizes = _row_shards(config, name)
         if config.sao.batch_prompts % shards:
@@ -146,7 +151,6 @@ def _validate_grpo(config) -> None:
     if rows % g.minibatches:
         raise ConfigError(f"grpo.batch_states x grpo.group_size = {rows} rows do not split into {g.minibatches} "
                           f"equal minibatches; change grpo.minibatches")
-    _check_device_groups(config)
     shards, sizes = _row_shards(config, "actor")
     if (rows // g.minibatches) % shards:
         raise ConfigError(f"a minibatch of {rows // g.minibatches} rows (grpo.batch_states x grpo.group_size / "

@@ -11,6 +11,7 @@ import ml_collections
 from mercury_jax.chat import render
 from mercury_jax.rollout.messages import trajectory_from_messages
 from mercury_jax.train import setup
+from mercury_jax.train.placement import role_meshes
 from mercury_jax.train.rundir import RunDir
 from mercury_jax.train.sft import run_sft
 
@@ -31,22 +32,24 @@ def prepare_sft_data(config: ml_collections.ConfigDict, workdir: str | os.PathLi
 
 
 def run_sft_pipeline(config: ml_collections.ConfigDict, workdir: str | os.PathLike | RunDir):
-    """The warm start; returns (policy, tokenizer) and writes `sft_summary.json`."""
+    """The warm start, on the actor role's mesh (the policy is born there); returns (policy, tokenizer) and writes
+    `sft_summary.json`."""
     run = workdir if isinstance(workdir, RunDir) else RunDir(workdir)
     tokenizer, sequences = prepare_sft_data(config, run)
-    model = setup.build_model(config.model, tokenizer.vocab_size, config.seed)
+    mesh = role_meshes(config, ("actor",))["actor"] if "devices" in config else None
+    model = setup.build_model(config.model, tokenizer.vocab_size, config.seed, mesh=mesh)
     model, history = run_sft(config.sft, model, sequences, run.stage("sft").path, seed=config.seed,
                              checkpoint_cfg=config.sft.get("checkpoint") or config.checkpoint,
-                             pad_id=tokenizer.pad_id, train_cfg=config.get("train"))
+                             pad_id=tokenizer.pad_id, train_cfg=config.get("train"), mesh=mesh)
     summary = {"final_loss": history[-1]["loss"] if history else None, "steps": config.sft.steps}
     run.sft_summary.write_text(json.dumps(summary, indent=2))
     return model, tokenizer
 
 
 def starting_policy(config: ml_collections.ConfigDict, run: RunDir, *, mesh=None):
-    """(policy, tokenizer): the SFT warm start when `sft.enabled` (tiny demos, one device), else `model.hf_path` /
-    the preset created straight into its sharding on `mesh` (a SentencePiece tokenizer is still trained on, and
-    cached beside, the warm start's oracle text)."""
+    """(policy, tokenizer): the SFT warm start when `sft.enabled` (tiny demos), else `model.hf_path` / the preset
+    created straight into its sharding on `mesh` (a SentencePiece tokenizer is still trained on, and cached beside,
+    the warm start's oracle text)."""
     if config.sft.enabled:
         return run_sft_pipeline(config, run)
     if config.tokenizer.kind == "sentencepiece":
