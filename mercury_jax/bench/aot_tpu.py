@@ -21,6 +21,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
 import importlib.util  # noqa: E402
+import re  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
@@ -65,17 +66,18 @@ def abstract_state(module_fn, mesh, trainable):
 
 
 def abstract_opt_state(tx, params, mesh):
-    """The optimiser state's shapes with the shardings its init gives them from the parameters' (as the trainer's
-    eager `tx.init` on sharded parameters does), leaves off the mesh (step counts) replicated over it
-    (`placement.onto_mesh`)."""
-    compiled = jax.jit(tx.init).lower(params).compile()
-    shapes = jax.eval_shape(tx.init, params)
+    """The optimiser state's shapes laid out as the trainer's eager `tx.init` on sharded parameters lays them out:
+    a moment (mu, nu) like the parameter it mirrors (its path ends with that parameter's path), anything else (step
+    counts) replicated over the mesh (`placement.onto_mesh`). A jitted init would replicate the moments: its
+    zeros depend on no input, so nothing propagates the parameters' layout to them."""
+    by_path = {jax.tree_util.keystr(path): leaf.sharding for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
     replicated = NamedSharding(mesh, PartitionSpec())
 
-    def on_mesh(shape, sharding):
-        keep = isinstance(sharding, NamedSharding) and sharding.mesh == mesh
-        return jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=sharding if keep else replicated)
-    return jax.tree.map(on_mesh, shapes, compiled.output_shardings)
+    def like_param(path, shape):
+        key = jax.tree_util.keystr(path)
+        sharding = next((s for p, s in by_path.items() if key.endswith(p)), replicated)
+        return jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=sharding)
+    return jax.tree_util.tree_map_with_path(like_param, jax.eval_shape(tx.init, params))
 
 
 def shardings(tree):
@@ -130,9 +132,18 @@ def main(argv=None):
     parser.add_argument("--topology", default="v5p:2x4x4", help="the role's slice (released actor/critic: 32 chips)")
     parser.add_argument("--rows", type=int, default=None, help="rows per step (default: the config's batch)")
     parser.add_argument("--seq", type=int, default=None, help="tokens per row (default: rollout.max_total_tokens)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a config field, e.g. --set model.moe_impl=ep (repeatable)")
     parser.add_argument("--write", action="store_true", help="append the row to BENCHMARKS.md's aot_tpu section")
     args = parser.parse_args(argv)
     config = load_config(args.config)
+    for item in args.set:
+        field, _, value = item.partition("=")
+        *path, name = field.split(".")
+        section = config
+        for key in path:
+            section = section[key]
+        section[name] = type(section[name])(value) if not isinstance(section[name], bool) else value == "True"
     if args.rows is None:
         args.rows = (config.sao.batch_prompts if "sao" in config
                      else config.grpo.batch_states * config.grpo.group_size // config.grpo.minibatches)
@@ -140,21 +151,29 @@ def main(argv=None):
     devices = topologies.get_topology_desc(platform="tpu", topology_name=args.topology).devices
     start = time.perf_counter()
     lowered, mesh, micro = lower_program(config, args.program, devices, args.preset, args.rows, seq)
-    compiled = lowered.compile()
-    seconds = time.perf_counter() - start
-    memory = compiled.memory_analysis()
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    total = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
-             - memory.alias_size_in_bytes)
     hbm = HBM_GIB.get(args.topology.split(":")[0])
+    try:
+        compiled = lowered.compile()
+    except jax.errors.JaxRuntimeError as error:  # the TPU compiler refuses a program whose temporaries exceed HBM
+        needed = re.search(r"HLO temporaries \(([\d.]+)G\)", str(error))
+        if needed is None:
+            raise
+        compiled, temp, arguments, total, flops = None, float(needed.group(1)), "-", "-", "-"
+        verdict = f"{hbm} (does not fit: compile refused)"
+    seconds = time.perf_counter() - start
+    if compiled is not None:
+        memory = compiled.memory_analysis()
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+        total_bytes = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
+                       - memory.alias_size_in_bytes)
+        temp, arguments = memory.temp_size_in_bytes / GIB, f"{memory.argument_size_in_bytes / GIB:.1f}"
+        total, flops = f"{total_bytes / GIB:.1f}", f"{float(cost.get('flops', np.nan)) / 1e12:.0f}"
+        verdict = f"{hbm} ({'fits' if hbm and total_bytes < hbm * GIB else 'does not fit'})"
     sizes = {k: v for k, v in mesh.shape.items() if v > 1}
     row = [args.program, args.topology, ",".join(f"{k}={v}" for k, v in sizes.items()), f"{args.rows}x{seq}",
            str(micro), config.model.remat_policy, config.model.attention_impl, config.model.moe_impl,
-           config.model.gdn_impl, f"{memory.argument_size_in_bytes / GIB:.1f}",
-           f"{memory.temp_size_in_bytes / GIB:.1f}", f"{total / GIB:.1f}",
-           f"{hbm} ({'fits' if hbm and total < hbm * GIB else 'does not fit'})",
-           f"{float(cost.get('flops', np.nan)) / 1e12:.0f}", f"{seconds:.0f}"]
+           config.model.gdn_impl, arguments, f"{temp:.1f}", total, verdict, flops, f"{seconds:.0f}"]
     headers = ["program", "topology", "mesh", "rows x seq", "micro-batches", "remat", "attention", "moe", "gdn",
                "arguments GiB/chip", "temp GiB/chip", "total GiB/chip", "HBM GiB", "TFLOP/chip", "compile s"]
     table = markdown_table(headers, [row])
@@ -162,7 +181,7 @@ def main(argv=None):
     if args.write:
         command = (f"PYTHONPATH=<libtpu dir>:. python -m mercury_jax.bench.aot_tpu --config {args.config} "
                    f"--program {args.program} --preset {args.preset} --topology {args.topology} "
-                   f"--rows {args.rows} --seq {seq} --write")
+                   f"--rows {args.rows} --seq {seq}" + "".join(f" --set {item}" for item in args.set) + " --write")
         write_section(f"aot_tpu_{args.program}", f"TPU ahead-of-time compile of the {args.program} program", table,
                       command)
 
