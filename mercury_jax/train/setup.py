@@ -86,7 +86,8 @@ def model_runtime(cfg: ml_collections.ConfigDict) -> dict:
 def build_model(cfg: ml_collections.ConfigDict, vocab_size: int, seed: int, *, mesh=None) -> Qwen35MoeForCausalLM:
     """From an HF checkpoint (`hf_path`) or from scratch (`preset` + `overrides`), fp32 master weights. With a
     `mesh`, created straight into its sharding there: a checkpoint tensor by tensor (`load_hf(mesh=)`), a preset
-    by abstract shapes and a sharded jitted init (`parallel.init_sharded`: an eager init's values to an fp32 ulp)."""
+    by abstract shapes and a sharded jitted init (`parallel.init_sharded`: an eager init's values to an fp32 ulp;
+    a one-device mesh keeps the eager init, so the tiny demos reproduce their recorded runs bit for bit)."""
     if cfg.hf_path:
         if not Path(cfg.hf_path).exists():
             raise FileNotFoundError(f"model.hf_path {cfg.hf_path} does not exist; point it at an HF checkpoint "
@@ -103,7 +104,9 @@ def build_model(cfg: ml_collections.ConfigDict, vocab_size: int, seed: int, *, m
         model_cfg = PRESETS[cfg.preset](**runtime)
     def make():
         return Qwen35MoeForCausalLM(model_cfg, rngs=nnx.Rngs(seed))
-    return make() if mesh is None else init_sharded(make, mesh)
+    if mesh is None or mesh.size == 1:  # one device holds it whole anyway: the eager init's exact values
+        return make()
+    return init_sharded(make, mesh)
 
 
 def rollout_budgets(rollout: ml_collections.ConfigDict):
