@@ -1,7 +1,9 @@
 """Device meshes and the logical-axis -> mesh-axis rules that shard parameters by name."""
 from mercury_jax.parallel.mesh import MESH_AXES, make_mesh, mesh_axis_sizes, mesh_of, with_mesh_context
 from mercury_jax.parallel.sharding import (
+                                           BATCH_LENGTH_EMBED,
                                            DEFAULT_RULES,
+                                           constrain,
                                            copy_into,
                                            init_sharded,
                                            logical_partition_spec,
@@ -10,5 +12,6 @@ from mercury_jax.parallel.sharding import (
                                            variable_sharding,
 )
 
-__all__ = ["DEFAULT_RULES", "MESH_AXES", "copy_into", "init_sharded", "logical_partition_spec", "make_mesh",
-           "mesh_axis_sizes", "mesh_of", "param_shardings", "shard_params", "variable_sharding", "with_mesh_context"]
+__all__ = ["BATCH_LENGTH_EMBED", "DEFAULT_RULES", "MESH_AXES", "constrain", "copy_into", "init_sharded",
+           "logical_partition_spec", "make_mesh", "mesh_axis_sizes", "mesh_of", "param_shardings", "shard_params",
+           "variable_sharding", "with_mesh_context"]

@@ -1,8 +1,11 @@
-"""Map logical parameter axes (`embed`, `heads`, `experts`, ...) to mesh axes and shard model state.
+"""Map logical axes (`embed`, `heads`, `experts`, ..., `activation_batch`) to mesh axes: shard model state, and
+pin activations at block edges.
 
 A rule table maps each logical name to a mesh axis (or a tuple of them, or None = replicated). A dimension whose
 size the mesh axis does not divide is replicated instead (stated in the returned spec, never silently wrong).
 Parameters of scanned blocks carry a leading `layers` axis that is not in their metadata; it is added here.
+Activations name their dims the same way (`constrain`): rows over the row axes (data, fsdp, expert), heads over
+tensor, the residual stream's hidden dim replicated, so XLA does not invent layouts between blocks.
 """
 from __future__ import annotations
 
@@ -28,7 +31,12 @@ DEFAULT_RULES: Mapping[str, str | tuple[str, ...] | None] = {
     "experts_router": None,
     "norm": None,
     "layers": None,
+    # activations (`constrain`): rows over every axis that splits rows, sequence and hidden dim whole per row
+    "activation_batch": ("data", "fsdp", "expert"),
+    "activation_length": None,
+    "activation_embed": None,
 }
+BATCH_LENGTH_EMBED = ("activation_batch", "activation_length", "activation_embed")
 
 
 def logical_partition_spec(logical_axes, shape, mesh: Mesh, rules=DEFAULT_RULES) -> PartitionSpec:
@@ -47,6 +55,17 @@ def logical_partition_spec(logical_axes, shape, mesh: Mesh, rules=DEFAULT_RULES)
         used.update(axes)
         spec.append(axes[0] if len(axes) == 1 else axes)
     return PartitionSpec(*spec)
+
+
+def constrain(x: jax.Array, logical_axes: tuple, rules=DEFAULT_RULES) -> jax.Array:
+    """`x` pinned to the layout its dims' logical names give on the mesh being traced under
+    (`parallel.with_mesh_context`, `jax.set_mesh`): a sharding constraint, not a copy. Outside a mesh, on one
+    device, inside `shard_map` (manual axes) or on a mesh with explicit axes (whose types already carry the
+    layout), `x` is returned as it is."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1 or not mesh.are_all_axes_auto:
+        return x
+    return jax.lax.with_sharding_constraint(x, logical_partition_spec(logical_axes, x.shape, mesh, rules))
 
 
 def _variable_axes(path, variable) -> tuple:

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mercury_jax.parallel import constrain
 from models.qwen35_moe.blockwise_attention import blockwise_attention
 from models.qwen35_moe.config import ATTENTION_IMPLS, Qwen35MoeConfig
 from models.qwen35_moe.norms import RMSNorm
@@ -23,6 +24,8 @@ from models.qwen35_moe.rope import apply_rope, rope_cos_sin
 from models.qwen35_moe.splash_attention import splash_self_attention
 
 _MASKED = -1e30
+QUERY_HEADS = ("activation_batch", "activation_length", "heads", "head_dim")
+KV_HEADS = ("activation_batch", "activation_length", "kv_heads", "head_dim")
 BLOCK_SIZE = 512  # query/key block of "blockwise" and "splash": [block, block] scores per head at a time
 
 
@@ -45,10 +48,10 @@ class Attention(nnx.Module):
         dt = x_BxTxH.dtype
         D = cfg.head_dim
         B, T, _ = x_BxTxH.shape
-        q_BxTxNx2D = jnp.einsum("bth,hnd->btnd", x_BxTxH, cast(self.q_proj, dt))
+        q_BxTxNx2D = constrain(jnp.einsum("bth,hnd->btnd", x_BxTxH, cast(self.q_proj, dt)), QUERY_HEADS)
         query_BxTxNxD, gate_BxTxNxD = q_BxTxNx2D[..., :D], q_BxTxNx2D[..., D:]
-        key_BxTxKxD = jnp.einsum("bth,hkd->btkd", x_BxTxH, cast(self.k_proj, dt))
-        value_BxTxKxD = jnp.einsum("bth,hkd->btkd", x_BxTxH, cast(self.v_proj, dt))
+        key_BxTxKxD = constrain(jnp.einsum("bth,hkd->btkd", x_BxTxH, cast(self.k_proj, dt)), KV_HEADS)
+        value_BxTxKxD = constrain(jnp.einsum("bth,hkd->btkd", x_BxTxH, cast(self.v_proj, dt)), KV_HEADS)
         query_BxTxNxD = self.q_norm(query_BxTxNxD)
         key_BxTxKxD = self.k_norm(key_BxTxKxD)
         cos, sin = rope_cos_sin(positions_BxT, rotary_dim=cfg.rotary_dim, theta=cfg.rope_theta, dtype=dt)

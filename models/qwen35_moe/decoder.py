@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from mercury_jax.parallel import BATCH_LENGTH_EMBED, constrain
 from models.qwen35_moe.attention import Attention
 from models.qwen35_moe.config import FULL_ATTENTION, Qwen35MoeConfig
 from models.qwen35_moe.gated_deltanet import GatedDeltaNet
@@ -46,16 +47,16 @@ class DecoderLayer(nnx.Module):
         self.moe = SparseMoe(config, rngs=rngs)
 
     def __call__(self, x_BxTxH, *, positions_BxT, segment_ids_BxT, cache, cache_start_B, valid_BxT):
-        x_BxTxH = checkpoint_name(x_BxTxH, LAYER_INPUT)
+        x_BxTxH = checkpoint_name(constrain(x_BxTxH, BATCH_LENGTH_EMBED), LAYER_INPUT)
         normed = self.input_norm(x_BxTxH)
         if self.layer_type == FULL_ATTENTION:
             mixed, new_cache = self.mixer(normed, positions_BxT=positions_BxT, segment_ids_BxT=segment_ids_BxT,
                                           cache=cache, cache_start_B=cache_start_B, valid_BxT=valid_BxT)
         else:
             mixed, new_cache = self.mixer(normed, segment_ids_BxT=segment_ids_BxT, cache=cache, valid_BxT=valid_BxT)
-        h_BxTxH = checkpoint_name(x_BxTxH + mixed, MOE_INPUT)
+        h_BxTxH = checkpoint_name(constrain(x_BxTxH + mixed, BATCH_LENGTH_EMBED), MOE_INPUT)
         moe_out, aux = self.moe(self.post_norm(h_BxTxH))
-        return h_BxTxH + moe_out, new_cache, aux
+        return constrain(h_BxTxH + moe_out, BATCH_LENGTH_EMBED), new_cache, aux
 
 
 class DecoderBlock(nnx.Module):

@@ -15,9 +15,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kernels.gated_delta import gated_delta_rule
+from mercury_jax.parallel import constrain
 from models.qwen35_moe.config import Qwen35MoeConfig
 from models.qwen35_moe.norms import GatedRMSNorm
 from models.qwen35_moe.params import cast, constant_init, make_param, normal_init
+
+KEY_HEADS = ("activation_batch", "activation_length", "linear_key_heads", "linear_head_dim")
+VALUE_HEADS = ("activation_batch", "activation_length", "linear_value_heads", "linear_head_dim")
 
 
 def _a_log_init(key, shape, dtype):
@@ -51,10 +55,10 @@ class GatedDeltaNet(nnx.Module):
         cfg = self.config
         dt = x_BxTxH.dtype
         Hk, Hv, Dk = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim
-        q_BxTxHkxDk = jnp.einsum("bth,hnd->btnd", x_BxTxH, cast(self.q_proj, dt))
-        k_BxTxHkxDk = jnp.einsum("bth,hnd->btnd", x_BxTxH, cast(self.k_proj, dt))
-        v_BxTxHvxDv = jnp.einsum("bth,hnd->btnd", x_BxTxH, cast(self.v_proj, dt))
-        z_BxTxHvxDv = jnp.einsum("bth,hnd->btnd", x_BxTxH, cast(self.z_proj, dt))
+        q_BxTxHkxDk = constrain(jnp.einsum("bth,hnd->btnd", x_BxTxH, cast(self.q_proj, dt)), KEY_HEADS)
+        k_BxTxHkxDk = constrain(jnp.einsum("bth,hnd->btnd", x_BxTxH, cast(self.k_proj, dt)), KEY_HEADS)
+        v_BxTxHvxDv = constrain(jnp.einsum("bth,hnd->btnd", x_BxTxH, cast(self.v_proj, dt)), VALUE_HEADS)
+        z_BxTxHvxDv = constrain(jnp.einsum("bth,hnd->btnd", x_BxTxH, cast(self.z_proj, dt)), VALUE_HEADS)
         b_BxTxHv = jnp.einsum("bth,hn->btn", x_BxTxH, cast(self.b_proj, dt))
         a_BxTxHv = jnp.einsum("bth,hn->btn", x_BxTxH, cast(self.a_proj, dt))
 
