@@ -53,6 +53,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # gradient accumulation inside each optimiser step (train/microbatch.py): 128 rows over 64 actor chips = 2
     # rows per chip, so 2 micro-batches of 1 row per chip
     g.micro_batches = 2
+    g.pack_rows = True                   # continuations share rows (train/packing.py); empty micro-batches skipped
     g.actor_optimizer = ml_collections.ConfigDict(dict(lr=1e-6, warmup_steps=0, b1=0.9, b2=0.999, eps=1e-8,
                                                        weight_decay=0.0, grad_clip=1.0))
     g.stop_rules = ml_collections.ConfigDict(dict(STOP_RULES))  # stop-verifier weights (stop_verifier.py)
@@ -88,6 +89,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.sft.checkpoint.every = 50
         g.steps = 30
         g.micro_batches = 1
+        g.pack_rows = False
         g.actor_optimizer.lr = 1e-4
         g.pivots_path, g.pivot_source, g.pivot_tasks = "", "oracle", 256
         r.num_slots, r.max_turn_tokens, r.max_total_tokens, r.max_tool_turns = 64, 48, 512, 4

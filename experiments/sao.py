@@ -46,6 +46,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # = 4 rows per chip, so 4 micro-batches of 1 row per chip (one 24,576-token row's activations at a time)
     s.actor_micro_batches = 4
     s.critic_micro_batches = 4
+    # trajectories share rows (first-fit decreasing, segment ids; train/packing.py): the filled rows take the first
+    # micro-batches and an empty micro-batch is skipped, so a step pays for the tokens it holds
+    s.pack_rows = True
     s.actor_optimizer = ml_collections.ConfigDict(dict(lr=1e-6, warmup_steps=0, b1=0.9, b2=0.98, eps=1e-8,
                                                        weight_decay=0.0, grad_clip=0.0))
     s.critic_optimizer = ml_collections.ConfigDict(dict(lr=5e-6, warmup_steps=10, b1=0.9, b2=0.98, eps=1e-8,
@@ -78,6 +81,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.world.num_eval_tasks = 128          # held-out reward to +-0.045 (sem)
         s.steps, s.batch_prompts, s.critic_only_steps = 80, 16, 3
         s.actor_micro_batches = s.critic_micro_batches = 1
+        s.pack_rows = False
         s.actor_optimizer.lr, s.actor_optimizer.grad_clip = 3e-5, 1.0
         s.critic_optimizer.lr = 1e-3
         r.mode, r.num_slots = "sync", 16

@@ -68,7 +68,7 @@ class TableCritic(nnx.Module):
     def __init__(self, values_V):
         self.values = nnx.Param(jnp.asarray(values_V, jnp.float32))
 
-    def __call__(self, input_ids_BxT):
+    def __call__(self, input_ids_BxT, *, segment_ids=None):  # per token: no mixing to reset
         return self.values[...][input_ids_BxT]
 
 

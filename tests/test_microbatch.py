@@ -80,8 +80,8 @@ class TokenMixture(nnx.Module):
     def lm_head_weight(self):
         return self.head[...]
 
-    def __call__(self, ids_BxT):
-        return self.hidden_states(ids_BxT)[0] @ self.value_head[...]
+    def __call__(self, ids_BxT, *, segment_ids=None):
+        return self.hidden_states(ids_BxT, segment_ids=segment_ids)[0] @ self.value_head[...]
 
 
 def capture_gradients() -> optax.GradientTransformation:

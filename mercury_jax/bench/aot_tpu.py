@@ -84,8 +84,12 @@ def shardings(tree):
     return jax.tree.map(lambda x: x.sharding, tree)
 
 
-def batch_spec(mesh, rows: int, seq: int, keys: dict) -> dict:
+def batch_spec(mesh, rows: int, seq: int, keys: dict, section) -> dict:
+    """The learner batch as sharded shapes; a packed one (`pack_rows`) also carries segment ids and the index maps
+    between the packed and the padded layout, as the trainers' batches do (train/packing.py)."""
     sharding = NamedSharding(mesh, PartitionSpec(ROW_AXES))
+    if section.get("pack_rows"):
+        keys = dict(keys, segment_ids=jnp.int32, unpack_index=jnp.int32, pack_index=jnp.int32)
     return {k: jax.ShapeDtypeStruct((rows, seq), dtype, sharding=sharding) for k, dtype in keys.items()}
 
 
@@ -109,18 +113,19 @@ def lower_program(config, program: str, devices, preset: str, rows: int, seq: in
         else:
             keys["ref_logprobs"] = f32
         micro = section.actor_micro_batches if program == "actor" else section.micro_batches
-        return step.lower(params, frozen, opt_state, batch_spec(mesh, rows, seq, keys)), mesh, micro
+        return step.lower(params, frozen, opt_state, batch_spec(mesh, rows, seq, keys, section)), mesh, micro
     graphdef, params, frozen = abstract_state(lambda: Qwen35MoeCritic(cfg, rngs=nnx.Rngs(0)), mesh,
                                               critic_trainable)
     keys = dict(tokens=i32, action_mask=f32, rollout_logprobs=f32, rewards=f32)
     if program == "values":
         fn = make_advantage_fn(graphdef, config.sao, mesh=mesh)
-        return fn.lower(params, frozen, batch_spec(mesh, rows, seq, keys)), mesh, config.sao.critic_micro_batches
+        return (fn.lower(params, frozen, batch_spec(mesh, rows, seq, keys, config.sao)), mesh,
+                config.sao.critic_micro_batches)
     tx = make_optimizer(config.sao.critic_optimizer)
     opt_state = abstract_opt_state(tx, params, mesh)
     step = make_critic_step(graphdef, tx, config.sao, state_shardings=(shardings(params), shardings(opt_state)))
     keys.update(returns=f32, old_values=f32)
-    return (step.lower(params, frozen, opt_state, batch_spec(mesh, rows, seq, keys)), mesh,
+    return (step.lower(params, frozen, opt_state, batch_spec(mesh, rows, seq, keys, config.sao)), mesh,
             config.sao.critic_micro_batches)
 
 

@@ -27,7 +27,7 @@ __all__ = ["LOG_RATIO_CLAMP", "dis_policy_loss", "ppo_clip_loss", "value_loss", 
 
 
 def dis_policy_loss(logp, rollout_logp, advantages, action_mask, *, eps_low, eps_high, loss_agg="token-mean",
-                    norm_length=None, denominator=None):
+                    norm_length=None, denominator=None, segment_ids=None):
     """Decoupled trust region with gradient masking (DIS).
 
     r_t = exp(logp_t - rollout_logp_t). Inside the band 1 - eps_low < r_t < 1 + eps_high the token's loss is
@@ -38,7 +38,7 @@ def dis_policy_loss(logp, rollout_logp, advantages, action_mask, *, eps_low, eps
     Args:
       logp, rollout_logp, advantages, action_mask: [B, T]; `rollout_logp` is the behaviour policy's log-prob.
       eps_low, eps_high: band half-widths (0.2 / 0.28 default in SAO; 0.3 / 5.0 also valid).
-      loss_agg, norm_length, denominator: see `aggregation`.
+      loss_agg, norm_length, denominator, segment_ids: see `aggregation`.
     Returns:
       (loss, aux) with aux: masked_fraction (action tokens outside the band), clip_low_fraction (r <= 1-eps_low),
       clip_high_fraction (r >= 1+eps_high), mean_ratio, num_action_tokens, num_masked, num, den.
@@ -53,7 +53,7 @@ def dis_policy_loss(logp, rollout_logp, advantages, action_mask, *, eps_low, eps
     ratio_in_band_BxT = jnp.exp(jnp.where(in_band_BxT, log_ratio_BxT, 0.0))
     per_token_BxT = jnp.where(in_band_BxT, -ratio_in_band_BxT * jnp.asarray(advantages, jnp.float32), 0.0)
     loss, num, den = aggregate_loss(per_token_BxT, mask_BxT, loss_agg, norm_length=norm_length,
-                                    denominator=denominator)
+                                    denominator=denominator, segment_ids=segment_ids)
     num_tokens = jnp.sum(mask_BxT.astype(jnp.float32))
     num_masked = jnp.sum((low_BxT | high_BxT).astype(jnp.float32))
     safe_tokens = jnp.maximum(num_tokens, 1.0)
@@ -71,7 +71,7 @@ def dis_policy_loss(logp, rollout_logp, advantages, action_mask, *, eps_low, eps
 
 
 def ppo_clip_loss(logp, rollout_logp, advantages, action_mask, *, eps_low=0.2, eps_high=None, dual_clip=None,
-                  loss_agg="token-mean", norm_length=None, denominator=None):
+                  loss_agg="token-mean", norm_length=None, denominator=None, segment_ids=None):
     """PPO clipped surrogate with asymmetric clip and optional dual clip.
 
     per token: L_t = max(-A_t r_t, -A_t clip(r_t, 1 - eps_low, 1 + eps_high)); with `dual_clip` c > 1 and A_t < 0,
@@ -101,7 +101,7 @@ def ppo_clip_loss(logp, rollout_logp, advantages, action_mask, *, eps_low=0.2, e
         dual_active_BxT = mask_BxT & (adv_BxT < 0) & (per_token_BxT > dual_bound_BxT)
         per_token_BxT = jnp.where(dual_active_BxT, dual_bound_BxT, per_token_BxT)
     loss, num, den = aggregate_loss(per_token_BxT, mask_BxT, loss_agg, norm_length=norm_length,
-                                    denominator=denominator)
+                                    denominator=denominator, segment_ids=segment_ids)
     ratio_sg_BxT = jax.lax.stop_gradient(ratio_BxT)
     aux = {
         "clip_fraction": masked_mean(clip_active_BxT, mask_BxT),
@@ -116,7 +116,7 @@ def ppo_clip_loss(logp, rollout_logp, advantages, action_mask, *, eps_low=0.2, e
 
 
 def value_loss(values, returns, action_mask, *, old_values=None, value_clip=None, loss_agg="token-mean",
-               norm_length=None, denominator=None):
+               norm_length=None, denominator=None, segment_ids=None):
     """Critic loss 0.5 * (V - G)^2 on action tokens; with `value_clip` c (needs `old_values`):
     V_c = V_old + clip(V - V_old, -c, c) and the per-token loss is 0.5 * max((V - G)^2, (V_c - G)^2).
 
@@ -136,7 +136,7 @@ def value_loss(values, returns, action_mask, *, old_values=None, value_clip=None
         clip_active_BxT = mask_BxT & (clipped_BxT > per_token_BxT)
         per_token_BxT = jnp.maximum(per_token_BxT, clipped_BxT)
     loss, num, den = aggregate_loss(0.5 * per_token_BxT, mask_BxT, loss_agg, norm_length=norm_length,
-                                    denominator=denominator)
+                                    denominator=denominator, segment_ids=segment_ids)
     residual_var = _masked_var(returns_BxT - values_BxT, mask_BxT)
     aux = {
         "clip_fraction": masked_mean(clip_active_BxT, mask_BxT),
@@ -178,7 +178,7 @@ def kl_k3(logp, ref_logp, *, clamp=LOG_RATIO_CLAMP):
 
 
 def kl_loss(logp, ref_logp, action_mask, *, estimator="k3", clamp=LOG_RATIO_CLAMP, loss_agg="token-mean",
-            norm_length=None, denominator=None):
+            norm_length=None, denominator=None, segment_ids=None):
     """Aggregated KL penalty to a frozen reference, (loss, aux) with aux: mean_kl (token mean), num, den.
     Multiply by `kl_coef` and add to the policy loss (same `loss_agg` and `denominator`)."""
     estimators = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
@@ -188,7 +188,7 @@ def kl_loss(logp, ref_logp, action_mask, *, estimator="k3", clamp=LOG_RATIO_CLAM
     per_token_BxT = estimators[estimator](jnp.where(mask_BxT, logp, 0.0), jnp.where(mask_BxT, ref_logp, 0.0),
                                           clamp=clamp)
     loss, num, den = aggregate_loss(per_token_BxT, mask_BxT, loss_agg, norm_length=norm_length,
-                                    denominator=denominator)
+                                    denominator=denominator, segment_ids=segment_ids)
     return loss, {"mean_kl": masked_mean(jax.lax.stop_gradient(per_token_BxT), mask_BxT), "num": num, "den": den}
 
 

@@ -39,6 +39,7 @@ from mercury_jax.train import setup
 from mercury_jax.train.grpo_learner import frozen_reference, make_grpo_step, make_reference_logprobs
 from mercury_jax.train.guards import NonFiniteGuard
 from mercury_jax.train.loop import Cadence, StepResult, run_loop
+from mercury_jax.train.packing import pack_batch, rows_used
 from mercury_jax.train.pivot_data import build_pivots, prompt_ids, read_pivots, task_tool_schemas
 from mercury_jax.train.placement import batch_to_mesh, role_meshes, state_on_mesh, step_shardings
 from mercury_jax.train.rollouts import Rollouts, Seams
@@ -124,6 +125,9 @@ class PivotGrpo:
         length = padded_length(trajectories, self.rcfg.max_total_tokens)
         host_batch = group_batch(trajectories, np.asarray(advantages_GxK), keep_G, length,
                                  pad_id=self.tokenizer.pad_id)
+        if cfg.pack_rows:
+            host_batch = pack_batch(host_batch, [len(t.tokens) for t in trajectories], cfg.micro_batches,
+                                    pad_id=self.tokenizer.pad_id)
         metrics = {**outcome_metrics(states, trajectories),
                    "zero_variance_fraction": float(group_stats["zero_variance_fraction"]),
                    "num_zero_variance": int(group_stats["num_zero_variance"]), "groups_kept": int(keep_G.sum()),
@@ -131,9 +135,10 @@ class PivotGrpo:
         t1 = time.perf_counter()
         updated, applied, reference_s = False, True, 0.0
         if keep_G.any():
-            tokens = batch_to_mesh({"tokens": host_batch["tokens"]}, self.meshes["reference"])["tokens"]
-            host_batch["ref_logprobs"] = np.asarray(jax.device_get(self.reference_logprobs(self.reference_state,
-                                                                                           tokens)))
+            forward = batch_to_mesh({k: host_batch[k] for k in ("tokens", "segment_ids") if k in host_batch},
+                                    self.meshes["reference"])
+            host_batch["ref_logprobs"] = np.asarray(jax.device_get(self.reference_logprobs(
+                self.reference_state, forward["tokens"], forward.get("segment_ids"))))
             reference_s = time.perf_counter() - t1
             learner_metrics, applied = update_actor(self.actor, self.actor_step, host_batch, self.meshes["actor"],
                                                     cfg, seed=self.config.seed, step=step, guard=guard)
@@ -146,7 +151,7 @@ class PivotGrpo:
                        tokens=sum(len(t.tokens) for t in trajectories),
                        generated_tokens_per_s=generated / max(rollout_s, 1e-9), rollout_s=rollout_s,
                        reference_s=reference_s, learner_s=time.perf_counter() - t1 - reference_s,
-                       batch_length=length)
+                       batch_length=length, rows_used=rows_used(host_batch))
         write_samples(self.stage_dir.samples, step, states, trajectories)
         return StepResult(metrics, policy_updated=updated, applied=applied)
 

@@ -22,7 +22,7 @@ from flax import nnx
 
 from mercury_jax.parallel import param_shardings, with_mesh_context
 from mercury_jax.rl.losses import LOG_RATIO_CLAMP, kl_loss, ppo_clip_loss
-from mercury_jax.train.microbatch import mask_totals, token_share
+from mercury_jax.train.microbatch import MaskTotals, token_share
 from mercury_jax.train.state import make_update_step
 from models.qwen35_moe.logprobs import sequence_logprobs
 
@@ -31,14 +31,15 @@ TOKEN_MEAN_METRICS = ("kl", "clip_fraction", "clip_low_fraction", "clip_high_fra
 
 
 def grpo_loss(logp, rollout_logp, ref_logp, advantages, action_mask, *, eps, eps_high, kl_coef, kl_estimator="k3",
-              loss_agg="seq-mean-token-mean", denominator=None):
+              loss_agg="seq-mean-token-mean", denominator=None, segment_ids=None):
     """(loss, metrics) of the module docstring on [B, T] arrays; metrics hold the policy and KL terms, the KL's
     token mean, the clip fractions and the mean ratio (all scalars). `denominator` (the whole step's, for
-    micro-batches) normalises both aggregated terms (aggregation.py); the token means stay this batch's."""
+    micro-batches) normalises both aggregated terms (aggregation.py); the token means stay this batch's.
+    `segment_ids` (packed rows): each segment is one continuation for the seq-* aggregations."""
     policy_loss, pg_aux = ppo_clip_loss(logp, rollout_logp, advantages, action_mask, eps_low=eps, eps_high=eps_high,
-                                        loss_agg=loss_agg, denominator=denominator)
+                                        loss_agg=loss_agg, denominator=denominator, segment_ids=segment_ids)
     kl_term, kl_aux = kl_loss(logp, ref_logp, action_mask, estimator=kl_estimator, clamp=LOG_RATIO_CLAMP,
-                              loss_agg=loss_agg, denominator=denominator)
+                              loss_agg=loss_agg, denominator=denominator, segment_ids=segment_ids)
     loss = policy_loss + kl_coef * kl_term
     return loss, {"policy_loss": policy_loss, "kl_loss": kl_term, "kl": kl_aux["mean_kl"],
                   "clip_fraction": pg_aux["clip_fraction"], "clip_low_fraction": pg_aux["clip_low_fraction"],
@@ -47,7 +48,8 @@ def grpo_loss(logp, rollout_logp, ref_logp, advantages, action_mask, *, eps, eps
 
 def make_grpo_step(actor_graphdef, tx, cfg, *, state_shardings=None):
     """jit(params, frozen, opt_state, batch) -> (params, opt_state, metrics); batch: tokens [B, T] int32,
-    action_mask, rollout_logprobs, ref_logprobs, advantages [B, T] float32. Params and optimiser state are donated.
+    action_mask, rollout_logprobs, ref_logprobs, advantages [B, T] float32 (and segment_ids [B, T] when packed,
+    `grpo.pack_rows`). Params and optimiser state are donated.
 
     `state_shardings` ((params, opt_state) shardings, e.g. of the arrays passed in) pins the outputs to the
     inputs' layout: otherwise the compiler may return an equivalent layout under another name (P() for
@@ -57,12 +59,13 @@ def make_grpo_step(actor_graphdef, tx, cfg, *, state_shardings=None):
     (microbatch.py); loss and metrics are the whole batch's. (`cfg.minibatches` are separate optimiser steps.)
     """
     def loss_fn(actor, batch, totals=None):
-        logp = sequence_logprobs(actor, batch["tokens"])
+        logp = sequence_logprobs(actor, batch["tokens"], segment_ids_BxT=batch.get("segment_ids"))
         mask = batch["action_mask"]
         loss, metrics = grpo_loss(logp, batch["rollout_logprobs"], batch["ref_logprobs"], batch["advantages"], mask,
                                   eps=cfg.eps, eps_high=cfg.eps_high, kl_coef=cfg.kl_coef,
                                   kl_estimator=cfg.kl_estimator, loss_agg=cfg.loss_agg,
-                                  denominator=None if totals is None else totals["den"])
+                                  denominator=None if totals is None else totals["den"],
+                                  segment_ids=batch.get("segment_ids"))
         gap_sum = jnp.sum(jnp.abs(logp - batch["rollout_logprobs"]) * mask)
         if totals is None:
             count = jnp.maximum(jnp.sum(mask), 1.0)
@@ -75,15 +78,16 @@ def make_grpo_step(actor_graphdef, tx, cfg, *, state_shardings=None):
         return loss, metrics
 
     return make_update_step(actor_graphdef, tx, loss_fn, state_shardings=state_shardings,
-                            micro_batches=cfg.get("micro_batches", 1), totals_fn=mask_totals(cfg.loss_agg))
+                            micro_batches=cfg.get("micro_batches", 1), totals_fn=MaskTotals(cfg.loss_agg))
 
 
 def make_reference_logprobs(reference_graphdef, *, mesh=None):
-    """jit(reference_state, tokens [B, T]) -> log-probs [B, T] fp32 of the frozen reference (never differentiated);
-    `mesh`: the reference's (the context for kernels that shard_map themselves)."""
-    def reference_logprobs(reference_state, tokens_BxT):
+    """jit(reference_state, tokens [B, T], segment_ids [B, T] or None) -> log-probs [B, T] fp32 of the frozen
+    reference (never differentiated); `mesh`: the reference's (the context for kernels that shard_map themselves)."""
+    def reference_logprobs(reference_state, tokens_BxT, segment_ids_BxT=None):
         reference = nnx.merge(reference_graphdef, reference_state)
-        return jax.lax.stop_gradient(sequence_logprobs(reference, tokens_BxT)).astype(jnp.float32)
+        logp = sequence_logprobs(reference, tokens_BxT, segment_ids_BxT=segment_ids_BxT)
+        return jax.lax.stop_gradient(logp).astype(jnp.float32)
     return jax.jit(with_mesh_context(reference_logprobs, mesh))
 
 

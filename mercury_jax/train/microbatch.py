@@ -16,10 +16,14 @@ micro-batches. A metric that is a token mean over the action mask of a micro-bat
 Assignment: rows go to micro-batches in order, dealt round-robin: row b belongs to micro-batch b mod M. Rows sit
 on the data shards in contiguous blocks of B / S, so when M divides B / S every shard gives B / (S M) of its own
 rows to each micro-batch and the split moves no data (`validate.py` requires it). Rows are never cut, so the
-seq-* aggregations stay exact. Micro-batches are not balanced by token count (a later step).
+seq-* aggregations stay exact. Balance by token count comes from packing (`packing.pack_batch`): trajectories
+share rows first-fit decreasing, the filled rows take the first micro-batches, and a micro-batch whose mask is
+empty is skipped (`lax.cond`; it would add exactly 0 to every sum), so a step pays for the micro-batches its
+tokens fill.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import jax
@@ -27,7 +31,8 @@ import jax.numpy as jnp
 
 from mercury_jax.rl.aggregation import denominator
 
-__all__ = ["MicroBatchError", "accumulate", "map_rows", "mask_totals", "merge_rows", "split_rows", "token_share"]
+__all__ = ["MaskTotals", "MicroBatchError", "accumulate", "map_rows", "merge_rows", "split_rows",
+           "token_share"]
 
 
 class MicroBatchError(ValueError):
@@ -54,30 +59,46 @@ def merge_rows(stacked: jax.Array) -> jax.Array:
     return jnp.reshape(rows, (rows.shape[0] * rows.shape[1], *rows.shape[2:]))
 
 
-def map_rows(fn: Callable, x: jax.Array, micro_batches: int) -> jax.Array:
-    """`fn(x)` for a row-wise `fn` ([B, ...] -> [B, ...]), run on M micro-batches of rows one after another
-    (`lax.map`: the forward's working set is that of B / M rows); M = 1 calls `fn` once."""
+def map_rows(fn: Callable, rows: dict, micro_batches: int, *, mask_key: str | None = None) -> jax.Array:
+    """`fn(rows)` for a row-wise `fn` ({name: [B, ...]} -> [B, ...]), run on M micro-batches of rows one after
+    another (`lax.map`: the forward's working set is that of B / M rows); M = 1 calls `fn` once. With `mask_key`,
+    a micro-batch whose `rows[mask_key]` is all zero gives zeros without running `fn`."""
     if micro_batches == 1:
-        return fn(x)
-    return merge_rows(jax.lax.map(fn, split_rows({"x": x}, micro_batches)["x"]))
+        return fn(rows)
+    return merge_rows(jax.lax.map(_skip_empty(fn, mask_key), split_rows(rows, micro_batches)))
 
 
-def accumulate(share_fn: Callable, params, batch: dict, micro_batches: int, *, grad_shardings=None):
+def _skip_empty(fn: Callable, mask_key: str | None) -> Callable:
+    """`fn(micro_batch)`, or its zeros (same shapes and dtypes) when `micro_batch[mask_key]` is all zero."""
+    if mask_key is None:
+        return fn
+
+    def run_or_skip(micro_batch):
+        shapes = jax.eval_shape(fn, micro_batch)
+        return jax.lax.cond(jnp.any(micro_batch[mask_key] != 0), fn,
+                            lambda _: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes), micro_batch)
+    return run_or_skip
+
+
+def accumulate(share_fn: Callable, params, batch: dict, micro_batches: int, *, grad_shardings=None,
+               mask_key: str | None = None):
     """((loss, metrics), grads) summed over the micro-batches of `batch` by one `lax.scan`, for
     `share_fn(params, micro_batch) -> (loss share, metric shares)`. `grad_shardings` (the parameters' shardings)
-    pins the gradient accumulator to the parameters' layout."""
+    pins the gradient accumulator to the parameters' layout. With `mask_key`, a micro-batch whose mask is all zero
+    is skipped (its shares and gradient are exactly 0)."""
     micro = split_rows(batch, micro_batches)
-    value_and_grad = jax.value_and_grad(share_fn, has_aux=True)
+    gradient = jax.value_and_grad(share_fn, has_aux=True)
+    value_and_grad = _skip_empty(lambda micro_batch: gradient(params, micro_batch), mask_key)
 
     def constrain(grads):
         return grads if grad_shardings is None else jax.lax.with_sharding_constraint(grads, grad_shardings)
 
-    shapes = jax.eval_shape(value_and_grad, params, jax.tree.map(lambda x: x[0], micro))
+    shapes = jax.eval_shape(value_and_grad, jax.tree.map(lambda x: x[0], micro))
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
     zeros = (zeros[0], constrain(zeros[1]))
 
     def add_one(carry, micro_batch):
-        (loss, metrics), grads = value_and_grad(params, micro_batch)
+        (loss, metrics), grads = value_and_grad(micro_batch)
         total = jax.tree.map(jnp.add, carry, ((loss, metrics), grads))
         return (total[0], constrain(total[1])), None
 
@@ -85,13 +106,19 @@ def accumulate(share_fn: Callable, params, batch: dict, micro_batches: int, *, g
     return total
 
 
-def mask_totals(loss_agg: str = "token-mean", mask_key: str = "action_mask") -> Callable[[dict], dict]:
-    """A `totals_fn`: the whole batch's denominators from its mask `batch[mask_key]` [B, T]: `den`, the loss's
-    under `loss_agg` (aggregation.py), and `tokens`, the mask's token count that token-mean metrics divide by."""
-    def totals(batch: dict) -> dict:
-        mask = batch[mask_key]
-        return {"den": denominator(mask, loss_agg), "tokens": jnp.sum(jnp.asarray(mask, jnp.float32))}
-    return totals
+@dataclasses.dataclass(frozen=True)
+class MaskTotals:
+    """A `totals_fn`: the whole batch's denominators from its mask `batch[mask_key]` [B, T] (and its
+    `segment_ids`, when packed): `den`, the loss's under `loss_agg` (aggregation.py), and `tokens`, the mask's
+    token count that token-mean metrics divide by. Its `mask_key` also names what marks an empty micro-batch."""
+    loss_agg: str = "token-mean"
+    mask_key: str = "action_mask"
+
+    def __call__(self, batch: dict) -> dict:
+        mask = batch[self.mask_key]
+        return {"den": denominator(mask, self.loss_agg, segment_ids=batch.get("segment_ids")),
+                "tokens": jnp.sum(jnp.asarray(mask, jnp.float32))}
+
 
 
 def token_share(mean, count, total):

@@ -30,6 +30,7 @@ from mercury_jax.rollout.trajectory import Trajectory, batch_trajectories, padde
 from mercury_jax.train import setup
 from mercury_jax.train.loop import Cadence, StepResult, run_loop
 from mercury_jax.train.metrics import plot_evaluations
+from mercury_jax.train.packing import pack_batch, rows_used
 from mercury_jax.train.placement import batch_to_mesh, role_meshes, state_on_mesh, step_shardings
 from mercury_jax.train.rollouts import Rollouts, Seams
 from mercury_jax.train.rundir import RunDir, StageDir
@@ -110,7 +111,9 @@ class Sao:
         staleness = np.array([version - t.policy_version for t in trajectories])
         length = padded_length(trajectories, self.rcfg.max_total_tokens)
         host_batch = batch_trajectories(trajectories, length, pad_id=self.tokenizer.pad_id)
-        del host_batch["lengths"]
+        lengths = host_batch.pop("lengths")
+        if self.cfg.pack_rows:
+            host_batch = pack_batch(host_batch, lengths, self.cfg.actor_micro_batches, pad_id=self.tokenizer.pad_id)
 
         critic, actor = self.critic, self.actor
         critic_batch = batch_to_mesh(host_batch, self.meshes["critic"])
@@ -137,7 +140,8 @@ class Sao:
             metrics.update({k: float(v) for k, v in actor_metrics.items() if k != "loss"})
         metrics.update(staleness_mean=float(staleness.mean()), staleness_max=int(staleness.max()),
                        dropped_stale=stale, env_failures=env_dropped, tokens=sum(len(t.tokens) for t in trajectories),
-                       rollout_s=rollout_s, learner_s=time.perf_counter() - t0 - rollout_s, batch_length=length)
+                       rollout_s=rollout_s, learner_s=time.perf_counter() - t0 - rollout_s, batch_length=length,
+                       rows_used=rows_used(host_batch))
         return StepResult(metrics, policy_updated=updated, applied=applied)
 
     # -- held-out evaluation --

@@ -9,6 +9,10 @@
 Advantages and targets are computed once per step from the critic before its updates. The actor and critic steps
 accumulate over `sao.actor_micro_batches` / `sao.critic_micro_batches` micro-batches of rows (microbatch.py), the
 loss and metrics normalised by the whole batch's denominators, so they equal the whole-batch step's.
+
+A packed batch (`sao.pack_rows`, packing.py: `segment_ids`, `unpack_index`, `pack_index`) runs every forward on the
+packed rows; the advantage program moves values, rewards and the mask to the trajectories' own padded layout for
+GAE and its statistics, and returns advantages, returns and values packed again.
 """
 from __future__ import annotations
 
@@ -19,15 +23,21 @@ from flax import nnx
 from mercury_jax.parallel import with_mesh_context
 from mercury_jax.rl.advantages import length_adaptive_lambda, masked_whiten, skip_observation_gae
 from mercury_jax.rl.losses import dis_policy_loss, value_loss
-from mercury_jax.train.microbatch import map_rows, mask_totals, token_share
+from mercury_jax.train.microbatch import MaskTotals, map_rows, token_share
 from mercury_jax.train.state import make_update_step
 from models.qwen35_moe.logprobs import sequence_logprobs
 
 
-def aligned_values(critic, tokens_BxT):
+def aligned_values(critic, tokens_BxT, segment_ids_BxT=None):
     """Critic values aligned with the token they score: entry t from the hidden state at t - 1 (0 at t = 0)."""
-    values_BxT = critic(tokens_BxT)
+    values_BxT = critic(tokens_BxT, segment_ids=segment_ids_BxT)
     return jnp.pad(values_BxT[:, :-1], ((0, 0), (1, 0)))
+
+
+def relayout(x_BxT, index_BxT):
+    """`x` moved between the packed and the padded layout by a `packing.pack_batch` index map (0 where the map
+    points past the end)."""
+    return jnp.take(jnp.reshape(x_BxT, (-1,)), index_BxT, mode="fill", fill_value=0)
 
 
 def make_advantage_fn(critic_graphdef, cfg, *, mesh=None):
@@ -36,9 +46,16 @@ def make_advantage_fn(critic_graphdef, cfg, *, mesh=None):
     runs on the whole batch. `mesh`: the critic's (the context for kernels that shard_map themselves)."""
     def advantages(critic_params, critic_frozen, batch):
         critic = nnx.merge(critic_graphdef, critic_params, critic_frozen)
+        packed = "segment_ids" in batch
+        forward = {k: batch[k] for k in ("tokens", "segment_ids", "action_mask") if k in batch}
+        values = map_rows(lambda rows: aligned_values(critic, rows["tokens"], rows.get("segment_ids")), forward,
+                          cfg.get("critic_micro_batches", 1), mask_key="action_mask")
+        if packed:  # GAE on the trajectories as they are
+            pack_index, unpack_index = batch["pack_index"], batch["unpack_index"]
+            values = relayout(values, unpack_index)
+            batch = {key: relayout(batch[key], unpack_index) for key in ("action_mask", "rewards")}
         mask = batch["action_mask"]
-        values = map_rows(lambda tokens: aligned_values(critic, tokens), batch["tokens"],
-                          cfg.get("critic_micro_batches", 1)) * mask
+        values = values * mask
         lam = length_adaptive_lambda(mask, alpha=cfg.alpha)
         adv, _ = skip_observation_gae(batch["rewards"], values, mask, gamma=cfg.gamma, lam=lam, check=False)
         critic_adv, _ = skip_observation_gae(batch["rewards"], values, mask, gamma=cfg.gamma, lam=cfg.lam_critic,
@@ -55,6 +72,8 @@ def make_advantage_fn(critic_graphdef, cfg, *, mesh=None):
         stats = {"explained_variance": explained,
                  "advantage_mean": jnp.sum(adv) / count, "value_mean": jnp.sum(values) / count,
                  "lambda_mean": jnp.mean(lam)}
+        if packed:
+            adv, returns, values = (relayout(x, pack_index) for x in (adv, returns, values))
         return adv, returns, values, stats
     return jax.jit(with_mesh_context(advantages, mesh))
 
@@ -63,25 +82,27 @@ def make_critic_step(critic_graphdef, tx, cfg, *, state_shardings=None):
     """jit(params, frozen, opt_state, batch) -> (params, opt_state, metrics) of the clipped value loss; with
     `cfg.critic_micro_batches` M > 1 the gradient is accumulated over M micro-batches of rows (microbatch.py)."""
     def loss_fn(critic, batch, totals=None):
-        values = aligned_values(critic, batch["tokens"])
+        values = aligned_values(critic, batch["tokens"], batch.get("segment_ids"))
         loss, _ = value_loss(values, batch["returns"], batch["action_mask"],
                              old_values=batch["old_values"] if cfg.value_clip else None,
                              value_clip=cfg.value_clip or None, loss_agg=cfg.loss_agg,
-                             denominator=None if totals is None else totals["den"])
+                             denominator=None if totals is None else totals["den"],
+                             segment_ids=batch.get("segment_ids"))
         return loss, {"value_loss": loss}
     return make_update_step(critic_graphdef, tx, loss_fn, state_shardings=state_shardings,
-                            micro_batches=cfg.get("critic_micro_batches", 1), totals_fn=mask_totals(cfg.loss_agg))
+                            micro_batches=cfg.get("critic_micro_batches", 1), totals_fn=MaskTotals(cfg.loss_agg))
 
 
 def make_actor_step(actor_graphdef, tx, cfg, *, state_shardings=None):
     """jit(params, frozen, opt_state, batch) -> (params, opt_state, metrics) of the DIS loss; with
     `cfg.actor_micro_batches` M > 1 the gradient is accumulated over M micro-batches of rows (microbatch.py)."""
     def loss_fn(actor, batch, totals=None):
-        logp = sequence_logprobs(actor, batch["tokens"])
+        logp = sequence_logprobs(actor, batch["tokens"], segment_ids_BxT=batch.get("segment_ids"))
         mask = batch["action_mask"]
         loss, aux = dis_policy_loss(logp, batch["rollout_logprobs"], batch["advantages"], mask,
                                     eps_low=cfg.eps_low, eps_high=cfg.eps_high, loss_agg=cfg.loss_agg,
-                                    denominator=None if totals is None else totals["den"])
+                                    denominator=None if totals is None else totals["den"],
+                                    segment_ids=batch.get("segment_ids"))
         gap_sum = jnp.sum(jnp.abs(logp - batch["rollout_logprobs"]) * mask)
         if totals is None:
             count = jnp.maximum(jnp.sum(mask), 1.0)
@@ -92,5 +113,5 @@ def make_actor_step(actor_graphdef, tx, cfg, *, state_shardings=None):
                       "mean_ratio": token_share(aux["mean_ratio"], aux["num_action_tokens"], totals["tokens"]),
                       "logp_train_rollout_gap": gap_sum / tokens}
     return make_update_step(actor_graphdef, tx, loss_fn, state_shardings=state_shardings,
-                            micro_batches=cfg.get("actor_micro_batches", 1), totals_fn=mask_totals(cfg.loss_agg))
+                            micro_batches=cfg.get("actor_micro_batches", 1), totals_fn=MaskTotals(cfg.loss_agg))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from mercury_jax.train.microbatch import mask_totals
+from mercury_jax.train.microbatch import MaskTotals
 from mercury_jax.train.state import make_update_step
 from models.qwen35_moe.logprobs import sequence_logprobs
 
@@ -29,4 +29,4 @@ def make_sft_step(graphdef, tx, cfg, *, state_shardings=None):
     rows (tokens, segment_ids, loss_mask [B, T]); `cfg` is the config's `sft` section."""
     return make_update_step(graphdef, tx, sft_loss, state_shardings=state_shardings,
                             micro_batches=cfg.get("micro_batches", 1),
-                            totals_fn=mask_totals("token-mean", mask_key="loss_mask"))
+                            totals_fn=MaskTotals("token-mean", mask_key="loss_mask"))

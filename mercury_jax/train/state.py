@@ -73,7 +73,8 @@ def make_update_step(graphdef, tx: optax.GradientTransformation, loss_fn: Callab
 
         def share(p, micro_batch):
             return loss_fn(nnx.merge(graphdef, p, frozen), micro_batch, totals)
-        return accumulate(share, params, batch, micro_batches, grad_shardings=grad_shardings)
+        return accumulate(share, params, batch, micro_batches, grad_shardings=grad_shardings,
+                          mask_key=getattr(totals_fn, "mask_key", None))
 
     def step(params, frozen, opt_state, batch):
         (loss, metrics), grads = loss_and_grad(params, frozen, batch)

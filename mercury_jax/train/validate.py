@@ -148,6 +148,10 @@ def _validate_grpo(config) -> None:
         raise ConfigError(f"grpo.batch_states ({g.batch_states}), grpo.ppo_epochs ({g.ppo_epochs}) and "
                           f"grpo.minibatches ({g.minibatches}) must be >= 1 and grpo.steps ({g.steps}) >= 0")
     rows = g.batch_states * g.group_size
+    if g.pack_rows and g.minibatches > 1:
+        raise ConfigError(f"grpo.pack_rows packs the whole batch into the first micro-batches, but grpo.minibatches "
+                          f"= {g.minibatches} would deal its packed rows into separate optimiser steps; set "
+                          f"grpo.minibatches=1 or grpo.pack_rows=False")
     if rows % g.minibatches:
         raise ConfigError(f"grpo.batch_states x grpo.group_size = {rows} rows do not split into {g.minibatches} "
                           f"equal minibatches; change grpo.minibatches")
