@@ -78,6 +78,7 @@ def test_sao_steps_with_a_scripted_engine_and_an_injected_reward_resume_under_a_
     config.rollout.num_slots, config.rollout.max_tool_turns = 4, 1
     config.world.num_train_tasks, config.world.num_eval_tasks = 8, 2
     config.checkpoint.every = 1
+    config.sao.pack_rows, config.sao.actor_micro_batches, config.sao.critic_micro_batches = True, 2, 2
     uri = f"file://{tmp_path}/run"
     ScriptedEngine.made = []
     _, _, first = run_sao(config, uri, Seams(make_engine=ScriptedEngine, reward=injected_reward))
@@ -88,6 +89,7 @@ def test_sao_steps_with_a_scripted_engine_and_an_injected_reward_resume_under_a_
         episodes = range(4 * (record["step"] - 1), 4 * record["step"])
         assert record["reward"] == pytest.approx(np.mean([score(script(e * stride)) for e in episodes]))
         assert record["staleness_max"] == 0
+        assert record["rows_used"] < 4  # short episodes share packed rows
     assert record["policy_version"] == 2
     evals = [json.loads(line) for line in (tmp_path / "run" / "sao" / "evals.jsonl").read_text().splitlines()]
     assert [e["label"] for e in evals] == ["warm start", "after SAO"]
@@ -110,6 +112,7 @@ def test_grpo_steps_with_a_scripted_engine_and_an_injected_reward(tmp_path):
     config.world.num_train_tasks = 16
     config.grpo.steps, config.grpo.batch_states, config.grpo.group_size, config.grpo.pivot_tasks = 2, 2, 4, 4
     config.rollout.num_slots, config.rollout.max_turn_tokens = 8, 16
+    config.grpo.pack_rows, config.grpo.micro_batches = True, 2
     ScriptedEngine.made = []
     _, history, _ = run_grpo(config, f"file://{tmp_path}/run", Seams(make_engine=ScriptedEngine,
                                                                      reward=injected_reward))
@@ -122,6 +125,7 @@ def test_grpo_steps_with_a_scripted_engine_and_an_injected_reward(tmp_path):
         assert record["num_zero_variance"] == sum(row.std() == 0 for row in rewards)
         assert record["groups_kept"] == 2  # grpo.filter_zero_variance is off: every group is kept
         assert record["states_consumed"] == 2 * record["step"]
+        assert record["rows_used"] < 2 * K  # continuations share packed rows
     samples = [json.loads(line) for line in (tmp_path / "run" / "grpo" / "samples.jsonl").read_text().splitlines()]
     assert [s["step"] for s in samples] == [1] * 8 + [2] * 8
     assert [s["reward"] for s in samples[:8]] == [score(script(r)) for r in range(8)]
