@@ -65,16 +65,16 @@ def map_rows(fn: Callable, rows: dict, micro_batches: int, *, mask_key: str | No
     a micro-batch whose `rows[mask_key]` is all zero gives zeros without running `fn`."""
     if micro_batches == 1:
         return fn(rows)
-    return merge_rows(jax.lax.map(_skip_empty(fn, mask_key), split_rows(rows, micro_batches)))
+    micro = split_rows(rows, micro_batches)
+    if mask_key is not None:
+        fn = _skip_empty(fn, mask_key, jax.eval_shape(fn, jax.tree.map(lambda x: x[0], micro)))
+    return merge_rows(jax.lax.map(fn, micro))
 
 
-def _skip_empty(fn: Callable, mask_key: str | None) -> Callable:
-    """`fn(micro_batch)`, or its zeros (same shapes and dtypes) when `micro_batch[mask_key]` is all zero."""
-    if mask_key is None:
-        return fn
-
+def _skip_empty(fn: Callable, mask_key: str, shapes) -> Callable:
+    """`fn(micro_batch)`, or zeros of `shapes` (fn's output shapes, traced once by the caller) when
+    `micro_batch[mask_key]` is all zero."""
     def run_or_skip(micro_batch):
-        shapes = jax.eval_shape(fn, micro_batch)
         return jax.lax.cond(jnp.any(micro_batch[mask_key] != 0), fn,
                             lambda _: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes), micro_batch)
     return run_or_skip
@@ -88,12 +88,16 @@ def accumulate(share_fn: Callable, params, batch: dict, micro_batches: int, *, g
     is skipped (its shares and gradient are exactly 0)."""
     micro = split_rows(batch, micro_batches)
     gradient = jax.value_and_grad(share_fn, has_aux=True)
-    value_and_grad = _skip_empty(lambda micro_batch: gradient(params, micro_batch), mask_key)
+
+    def value_and_grad(micro_batch):
+        return gradient(params, micro_batch)
 
     def constrain(grads):
         return grads if grad_shardings is None else jax.lax.with_sharding_constraint(grads, grad_shardings)
 
     shapes = jax.eval_shape(value_and_grad, jax.tree.map(lambda x: x[0], micro))
+    if mask_key is not None:
+        value_and_grad = _skip_empty(value_and_grad, mask_key, shapes)
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
     zeros = (zeros[0], constrain(zeros[1]))
 

@@ -56,7 +56,8 @@ def make_update_step(graphdef, tx: optax.GradientTransformation, loss_fn: Callab
     `micro_batches` M > 1 accumulates the gradient over M micro-batches of whole rows inside the step
     (`microbatch.py`): `totals_fn(batch)` gives the whole batch's denominators, and `loss_fn(model, micro_batch,
     totals)` returns shares that add up to the whole-batch loss and metrics. The optimiser runs once on the summed
-    gradient. M = 1 is the plain whole-batch step, `totals_fn` unused."""
+    gradient. M = 1 is the plain whole-batch step, `totals_fn` unused. A `totals_fn` with a `mask_key`
+    (`microbatch.MaskTotals`) also names the mask whose emptiness makes the step skip a micro-batch."""
     if micro_batches < 1:
         raise ValueError(f"micro_batches is {micro_batches}; use 1 (the whole batch at once) or more")
     if micro_batches > 1 and totals_fn is None:
