@@ -19,25 +19,32 @@ from collections.abc import Sequence
 import numpy as np
 
 
+def _first_fit(lengths: Sequence[int], order, row_length: int) -> tuple[list[list[int]], list[int]]:
+    """(members, fill) of rows filled first-fit: each sequence, visited in `order`, joins the first row with room
+    (a new row if none has); members[r] lists row r's sequences in the order they joined."""
+    members: list[list[int]] = []
+    fill: list[int] = []
+    for i in order:
+        if lengths[i] > row_length:
+            raise ValueError(f"sequence {i} has {lengths[i]} tokens, more than the row length {row_length}; raise "
+                             f"the row length")
+        room = next((r for r, used in enumerate(fill) if used + lengths[i] <= row_length), None)
+        if room is None:
+            members.append([])
+            fill.append(0)
+            room = len(fill) - 1
+        members[room].append(i)
+        fill[room] += lengths[i]
+    return members, fill
+
+
 def pack_sequences(sequences: list[tuple[list[int], list[int]]], row_length: int, *, pad_id: int = 0
                    ) -> dict[str, np.ndarray]:
     """(tokens, loss_mask) pairs -> {"tokens", "loss_mask", "segment_ids"} int32/float32/int32 [rows, row_length]."""
-    rows: list[list[int]] = []  # indices of sequences per row
-    fill: list[int] = []
     for i, (tokens, mask) in enumerate(sequences):
         if len(tokens) != len(mask):
             raise ValueError(f"sequence {i}: {len(tokens)} tokens but {len(mask)} mask entries")
-        if len(tokens) > row_length:
-            raise ValueError(f"sequence {i} has {len(tokens)} tokens, more than the row length {row_length}; "
-                             f"raise the row length")
-        for r in range(len(rows)):
-            if fill[r] + len(tokens) <= row_length:
-                rows[r].append(i)
-                fill[r] += len(tokens)
-                break
-        else:
-            rows.append([i])
-            fill.append(len(tokens))
+    rows, _ = _first_fit([len(tokens) for tokens, _ in sequences], range(len(sequences)), row_length)
     out = {"tokens": np.full((len(rows), row_length), pad_id, np.int32),
            "loss_mask": np.zeros((len(rows), row_length), np.float32),
            "segment_ids": np.zeros((len(rows), row_length), np.int32)}
@@ -63,19 +70,7 @@ def place_rows(lengths: Sequence[int], row_length: int, rows: int, micro_batches
     empty rows gather in the last micro-batches."""
     if rows % micro_batches:
         raise ValueError(f"{rows} rows do not split into {micro_batches} micro-batches")
-    fill: list[int] = []
-    members: list[list[int]] = []
-    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        if lengths[i] > row_length:
-            raise ValueError(f"sequence {i} has {lengths[i]} tokens, more than the row length {row_length}; raise "
-                             f"the row length")
-        room = next((r for r, used in enumerate(fill) if used + lengths[i] <= row_length), None)
-        if room is None:
-            fill.append(0)
-            members.append([])
-            room = len(fill) - 1
-        fill[room] += lengths[i]
-        members[room].append(i)
+    members, fill = _first_fit(lengths, sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)), row_length)
     if len(fill) > rows:
         raise ValueError(f"{len(lengths)} sequences need {len(fill)} rows of {row_length} tokens; only {rows} "
                          f"are given")
