@@ -5,10 +5,9 @@ Implementations are registered by name in `_IMPLEMENTATIONS`; each takes the sam
 """
 from __future__ import annotations
 
-import jax
-
 from kernels.gated_delta.chunked import chunked_gated_delta_rule
 from kernels.gated_delta.pallas import pallas_gated_delta_rule
+from kernels.gated_delta.platform import target_platform
 from kernels.gated_delta.reference import recurrent_gated_delta_rule
 
 
@@ -34,9 +33,10 @@ IMPLS = ("auto", *sorted(_IMPLEMENTATIONS))  # every value `impl` accepts (the c
 
 
 def resolve_impl(impl):
-    """"auto" -> "pallas" on a TPU backend, else "chunked" (the Pallas kernel only runs interpreted off TPU)."""
+    """"auto" -> "pallas" when tracing for TPU (`target_platform`), else "chunked" (the Pallas kernel only runs
+    interpreted off TPU)."""
     if impl == "auto":
-        return "pallas" if jax.default_backend() == "tpu" else "chunked"
+        return "pallas" if target_platform() == "tpu" else "chunked"
     return impl
 
 

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kernels.gated_delta.platform import target_platform
 from kernels.gated_delta.reference import segment_starts
 
 _F32 = jnp.float32
@@ -50,7 +51,8 @@ def pallas_gated_delta_rule(q_BxTxHxK, k_BxTxHxK, v_BxTxHxV, g_BxTxH, beta_BxTxH
     """The gated delta rule by the Pallas kernels; returns (o_BxTxHxV, final_state_BxHxKxV), float32.
 
     Contract as `chunked_gated_delta_rule`. q, k, v may be bf16 or f32 (their gradients come back in that dtype);
-    all arithmetic is f32. `interpret` (static): None runs the Mosaic kernel on TPU and interpret mode elsewhere.
+    all arithmetic is f32. `interpret` (static): None runs the Mosaic kernel when tracing for TPU (`target_platform`:
+    the mesh context's devices, else the default backend) and interpret mode elsewhere.
     """
     batch, time, heads, key_dim = k_BxTxHxK.shape
     value_dim = v_BxTxHxV.shape[-1]
@@ -58,7 +60,7 @@ def pallas_gated_delta_rule(q_BxTxHxK, k_BxTxHxK, v_BxTxHxV, g_BxTxH, beta_BxTxH
     num_chunks = -(-time // chunk)
     padded_time = num_chunks * chunk
     if interpret is None:
-        interpret = jax.default_backend() != "tpu"
+        interpret = target_platform() != "tpu"
     if not interpret and chunk % 8:
         raise ValueError(f"pallas_gated_delta_rule: chunk_size {chunk} is not a multiple of 8, which Mosaic needs for "
                          f"the [C, K] blocks (f32 sublane tiling); use chunk_size 64 (the model's default) or 32")
@@ -111,8 +113,7 @@ def _gated_delta_bwd(chunk, interpret, residuals, cotangents):
     dq, dk, dv, dg, dbeta, d_initial_state = _backward_call(
         q, k, v, g_rows, beta_rows, positions, states, d_o.astype(_F32), d_final_state.astype(_F32), chunk,
         interpret)
-    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg, dbeta, d_initial_state,
-            jnp.zeros_like(positions))
+    return dq, dk, dv, dg, dbeta, d_initial_state, jnp.zeros_like(positions)
 
 
 _gated_delta.defvjp(_gated_delta_fwd, _gated_delta_bwd)
@@ -130,6 +131,23 @@ def _specs(batch, heads, num_chunks, chunk, key_dim, value_dim, reverse):
         state=pl.BlockSpec((None, None, key_dim, value_dim), lambda b, h, n: (b, h, 0, 0)),
         chunk_state=pl.BlockSpec((None, None, None, key_dim, value_dim), lambda b, h, n: (b, h, at(n), 0, 0)),
     )
+
+
+def chunk_macs(chunk, key_dim, value_dim):
+    """Multiply-adds of `_chunk_forward`: the pairwise decay C^3, the inverse 2 log2(C) C^3, the C x C products
+    k k^T, q k^T, W, U and A u (C^2 (3K + 2V)), and the state products w S, q S, k^T u (3 C K V)."""
+    levels = max(chunk - 1, 1).bit_length()
+    return chunk ** 3 * (1 + 2 * levels) + chunk ** 2 * (3 * key_dim + 2 * value_dim) + 3 * chunk * key_dim * value_dim
+
+
+def _cost(grid_steps, chunk, key_dim, value_dim, operands, outputs, backward):
+    """What the kernel does, for XLA's cost analysis (a Mosaic call is opaque to it): 2 FLOPs per multiply-add;
+    the backward recomputes the chunk and differentiates it (~3x the forward's products, 2x its exps)."""
+    passes = 3 if backward else 1
+    flops = 2 * passes * grid_steps * chunk_macs(chunk, key_dim, value_dim)
+    transcendentals = (2 if backward else 1) * grid_steps * (chunk * chunk + 2 * chunk)
+    nbytes = sum(x.size * jnp.dtype(x.dtype).itemsize for x in (*operands, *outputs))
+    return pl.CostEstimate(flops=int(flops), transcendentals=int(transcendentals), bytes_accessed=int(nbytes))
 
 
 def _compiler_params():
@@ -157,6 +175,8 @@ def _forward_call(q, k, v, g_rows, beta_rows, initial_state, positions, chunk, i
         scratch_shapes=[pltpu.VMEM((key_dim, value_dim), _F32)],
         compiler_params=_compiler_params(),
         interpret=interpret,
+        cost_estimate=_cost(batch * heads * num_chunks, chunk, key_dim, value_dim,
+                            (q, k, v, g_rows, beta_rows, positions, initial_state), out_shape, backward=False),
         name="gated_delta_forward",
     )(q, k, v, g_rows, beta_rows, positions, positions, initial_state)
     return outputs[0], outputs[1], (outputs[2] if save_states else None)
@@ -193,19 +213,24 @@ def _backward_call(q, k, v, g_rows, beta_rows, positions, states, d_o, d_final_s
     value_dim = v.shape[-1]
     num_chunks = padded_time // chunk
     spec = _specs(batch, heads, num_chunks, chunk, key_dim, value_dim, reverse=True)
+    # dq, dk, dv in their inputs' dtype (f32 inside the kernel): no f32 copy of a bf16 input's gradient in HBM
+    out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
+                 jax.ShapeDtypeStruct(v.shape, v.dtype), jax.ShapeDtypeStruct(g_rows.shape, _F32),
+                 jax.ShapeDtypeStruct(beta_rows.shape, _F32),
+                 jax.ShapeDtypeStruct((batch, heads, key_dim, value_dim), _F32)]
     return pl.pallas_call(
         _backward_kernel,
         grid=(batch, heads, num_chunks),
         in_specs=[spec["qk"], spec["qk"], spec["v"], spec["row"], spec["row"], spec["document"], spec["carry"],
                   spec["chunk_state"], spec["v"], spec["state"]],
         out_specs=[spec["qk"], spec["qk"], spec["v"], spec["row"], spec["row"], spec["state"]],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, _F32), jax.ShapeDtypeStruct(k.shape, _F32),
-                   jax.ShapeDtypeStruct(v.shape, _F32), jax.ShapeDtypeStruct(g_rows.shape, _F32),
-                   jax.ShapeDtypeStruct(beta_rows.shape, _F32),
-                   jax.ShapeDtypeStruct((batch, heads, key_dim, value_dim), _F32)],
+        out_shape=out_shape,
         scratch_shapes=[pltpu.VMEM((key_dim, value_dim), _F32)],
         compiler_params=_compiler_params(),
         interpret=interpret,
+        cost_estimate=_cost(batch * heads * num_chunks, chunk, key_dim, value_dim,
+                            (q, k, v, g_rows, beta_rows, positions, states, d_o, d_final_state), out_shape,
+                            backward=True),
         name="gated_delta_backward",
     )(q, k, v, g_rows, beta_rows, positions, positions, states, d_o, d_final_state)
 
@@ -227,7 +252,9 @@ def _backward_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, document_ref, carry_r
     _, chunk_vjp = jax.vjp(chunk_forward, chunk_state_ref[...], q_ref[...].astype(_F32), k_ref[...].astype(_F32),
                            v_ref[...].astype(_F32), g_ref[...], beta_ref[...])
     d_state, dq, dk, dv, dg, dbeta = chunk_vjp((d_o_ref[...], d_state_scratch[...]))
-    dq_ref[...], dk_ref[...], dv_ref[...], dg_ref[...], dbeta_ref[...] = dq, dk, dv, dg, dbeta
+    dq_ref[...], dk_ref[...], dv_ref[...] = (dq.astype(dq_ref.dtype), dk.astype(dk_ref.dtype),
+                                             dv.astype(dv_ref.dtype))
+    dg_ref[...], dbeta_ref[...] = dg, dbeta
     d_state_scratch[...] = d_state
 
     @pl.when(step == pl.num_programs(2) - 1)

@@ -15,13 +15,17 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kernels.gated_delta import gated_delta_rule
-from mercury_jax.parallel import constrain
+from kernels.gated_delta.interface import resolve_impl
+from mercury_jax.parallel import constrain, per_shard
 from models.qwen35_moe.config import Qwen35MoeConfig
 from models.qwen35_moe.norms import GatedRMSNorm
 from models.qwen35_moe.params import cast, constant_init, make_param, normal_init
 
 KEY_HEADS = ("activation_batch", "activation_length", "linear_key_heads", "linear_head_dim")
 VALUE_HEADS = ("activation_batch", "activation_length", "linear_value_heads", "linear_head_dim")
+GATE_HEADS = ("activation_batch", "activation_length", "linear_value_heads")
+STATE = ("activation_batch", "linear_value_heads", "linear_head_dim", "linear_head_dim")
+SEGMENTS = ("activation_batch", "activation_length")
 
 
 def _a_log_init(key, shape, dtype):
@@ -89,10 +93,9 @@ class GatedDeltaNet(nnx.Module):
         initial_state = None if cache is None else cache["state"]
         T = x_BxTxH.shape[1]
         impl = "recurrent" if (cache is not None and T == 1) else cfg.gdn_impl
-        o_BxTxHvxDv, final_state = gated_delta_rule(
-            q_BxTxHvxDk, k_BxTxHvxDk, v_BxTxHvxDv.astype(jnp.float32), g_BxTxHv, beta_BxTxHv,
-            initial_state_BxHxKxV=initial_state, segment_ids_BxT=segment_ids_BxT, impl=impl,
-            chunk_size=cfg.gdn_chunk_size)
+        o_BxTxHvxDv, final_state = _delta_rule(
+            q_BxTxHvxDk, k_BxTxHvxDk, v_BxTxHvxDv.astype(jnp.float32), g_BxTxHv, beta_BxTxHv, initial_state,
+            segment_ids_BxT, impl=impl, chunk_size=cfg.gdn_chunk_size)
         o_BxTxHvxDv = self.norm(o_BxTxHvxDv.astype(dt), z_BxTxHvxDv)
         out_BxTxH = jnp.einsum("btnd,ndh->bth", o_BxTxHvxDv, cast(self.out_proj, dt))
         new_cache = None
@@ -100,6 +103,21 @@ class GatedDeltaNet(nnx.Module):
             new_cache = {"conv_q": new_windows[0], "conv_k": new_windows[1], "conv_v": new_windows[2],
                          "state": final_state}
         return out_BxTxH, new_cache
+
+
+def _delta_rule(q_BxTxHxK, k_BxTxHxK, v_BxTxHxV, g_BxTxH, beta_BxTxH, initial_state_BxHxKxV, segment_ids_BxT, *,
+                impl: str, chunk_size: int):
+    """`gated_delta_rule`; the Pallas kernel (which XLA cannot partition) runs per shard of the mesh being traced
+    under, rows over the row axes and heads over 'tensor' (`per_shard`); the pure-JAX forms are left to GSPMD."""
+    def rule(q, k, v, g, beta, initial_state, segment_ids):
+        return gated_delta_rule(q, k, v, g, beta, initial_state_BxHxKxV=initial_state, segment_ids_BxT=segment_ids,
+                                impl=impl, chunk_size=chunk_size)
+
+    args = (q_BxTxHxK, k_BxTxHxK, v_BxTxHxV, g_BxTxH, beta_BxTxH, initial_state_BxHxKxV, segment_ids_BxT)
+    if resolve_impl(impl) != "pallas":
+        return rule(*args)
+    return per_shard(rule, args, (VALUE_HEADS, VALUE_HEADS, VALUE_HEADS, GATE_HEADS, GATE_HEADS, STATE, SEGMENTS),
+                     (VALUE_HEADS, STATE))
 
 
 def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
