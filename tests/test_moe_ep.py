@@ -22,8 +22,9 @@ from mercury_jax.parallel import make_mesh, shard_params
 from mercury_jax.parallel.sharding import variable_sharding
 from models.qwen35_moe import config as C
 from models.qwen35_moe.hf import load_hf
+from models.qwen35_moe.model import Qwen35MoeForCausalLM
 from models.qwen35_moe.moe import SparseMoe, load_balancing_loss, routed_experts
-from models.qwen35_moe.moe_ep import ExpertParallelError, ep_routed_experts, receive_capacity
+from models.qwen35_moe.moe_ep import ExpertParallelError, ep_routed_experts, receive_capacity, round_rows
 
 ATOL = 1e-5
 N, K, E, H, F = 30, 2, 8, 16, 8  # 30 tokens: not a multiple of 8 shards, so the token padding is exercised
@@ -73,11 +74,22 @@ def emulated_ragged_all_to_all(operand, output, input_offsets, send_sizes, outpu
     return output.at[target_PxR.reshape(-1)].set(recv_PxRxH.reshape(-1, *operand.shape[1:]), mode="drop")
 
 
-@pytest.mark.parametrize("mesh_name", list(MESHES) + ["expert4_data2_ragged_emulated"])
-def test_ep_routed_experts_match_single_device_values_and_gradients(mesh_name, monkeypatch):
-    mesh = make_mesh(MESHES[mesh_name.removesuffix("_ragged_emulated")])
+# case -> (mesh, round_factor, replace ragged_all_to_all by the test's own emulation). With round_factor 0.25 on
+# expert=8 a round receives 2 rows (4 tokens x 2 picks x 0.25), so the 30 pairs sent to the last expert's device
+# take 15 rounds of the 16 the scan holds.
+CASES = {name: (shape, 2.0, False) for name, shape in MESHES.items()} | {
+    "expert4_data2_ragged_emulated": (MESHES["expert4_data2"], 2.0, True),
+    "expert8_two_row_rounds": (MESHES["expert8"], 0.25, False),
+    "expert2_fsdp2_tensor2_ragged_emulated_one_row_rounds": (MESHES["expert2_fsdp2_tensor2"], 0.01, True),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_ep_routed_experts_match_single_device_values_and_gradients(case, monkeypatch):
+    mesh_shape, round_factor, emulate = CASES[case]
+    mesh, mesh_name = make_mesh(mesh_shape), case
     dispatch = "auto"
-    if mesh_name.endswith("_ragged_emulated"):
+    if emulate:
         monkeypatch.setattr(jax.lax, "ragged_all_to_all", emulated_ragged_all_to_all)
         dispatch = "ragged"
     x, experts = _weights()
@@ -90,7 +102,8 @@ def test_ep_routed_experts_match_single_device_values_and_gradients(mesh_name, m
 
     expected = jax.jit(lambda: all_cases(routed_experts))()
     with jax.set_mesh(mesh):
-        got = jax.jit(lambda: all_cases(functools.partial(ep_routed_experts, dispatch=dispatch)))()
+        got = jax.jit(lambda: all_cases(functools.partial(ep_routed_experts, dispatch=dispatch,
+                                                          round_factor=round_factor)))()
     for name in routings:
         want_leaves, got_leaves = jax.tree.leaves(expected[name]), jax.tree.leaves(got[name])
         for what, want, have in zip(["loss", "d_x", "d_weight", "d_gate", "d_up", "d_down"], want_leaves,
@@ -158,6 +171,19 @@ def test_ep_needs_a_mesh_and_a_dividing_expert_axis():
     with pytest.raises(ExpertParallelError, match="not divisible"):
         ep_routed_experts(x, e, w, g[:6], u[:6], d[:6], mesh=make_mesh({"expert": 4, "data": 2}))
     assert receive_capacity(tokens_per_device=5, top_k=8, experts_per_device=2) == 10
+    with pytest.raises(ExpertParallelError, match="round_factor"):
+        ep_routed_experts(x, e, w, g, u, d, mesh=make_mesh({"expert": 4, "data": 2}), round_factor=0)
+
+
+def test_round_rows_are_flat_in_the_expert_axis():
+    """B = ceil(factor * n * K) whatever P; the round count covers the worst case P * n * min(K, E_local)."""
+    for ep_size in (4, 8, 16, 32):
+        rows, rounds = round_rows(tokens_per_device=4096, top_k=8, experts_per_device=256 // ep_size,
+                                  ep_size=ep_size)
+        assert rows == 2 * 4096 * 8
+        assert rounds == -(-ep_size * 4096 * min(8, 256 // ep_size) // rows)
+    assert round_rows(tokens_per_device=4, top_k=2, experts_per_device=8, ep_size=1) == (8, 1)  # capped at worst
+    assert round_rows(tokens_per_device=4, top_k=2, experts_per_device=1, ep_size=8, round_factor=0.25) == (2, 16)
 
 
 @pytest.mark.parametrize("mesh_shape", [None, {"expert": 4, "fsdp": 2}])
@@ -174,26 +200,26 @@ def test_hf_parity_with_ep_on_one_and_eight_devices(tmp_path, mesh_shape):
     np.testing.assert_allclose(np.asarray(got), want, atol=ATOL, rtol=0)
 
 
-def _compiled_layer_hlo(devices, mesh_shape, batch, seq, moe_impl="ep"):
-    """Compiled HLO text of one MoE layer's forward + backward (expert-sharded params, tokens over the mesh)."""
+def _compiled_model_hlo(devices, mesh_shape, batch, seq, moe_impl="ep"):
+    """Compiled HLO text of a 2-layer model's forward + backward (1 GDN + 1 attention layer, each with the MoE;
+    parameters sharded by their names, rows over the mesh), loss = mean log-prob proxy + the aux loss."""
     mesh = make_mesh(mesh_shape, devices=devices)
-    cfg = C.tiny(hidden_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=16,
-                 moe_impl=moe_impl)
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: SparseMoe(cfg, rngs=nnx.Rngs(0))))
+    cfg = C.tiny(vocab_size=80, num_hidden_layers=2, full_attention_interval=2, hidden_size=64,
+                 moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=16, moe_impl=moe_impl)
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0))))
     flat = nnx.to_flat_state(state)
     params = [jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=variable_sharding(p, v, mesh)) for p, v in flat]
-    x = jax.ShapeDtypeStruct((batch, seq, 64), jnp.float32,
-                             sharding=NamedSharding(mesh, PartitionSpec(("data", "fsdp", "expert"))))
+    ids = jax.ShapeDtypeStruct((batch, seq), jnp.int32,
+                               sharding=NamedSharding(mesh, PartitionSpec(("data", "fsdp", "expert"))))
 
-    def loss(arrays, x_BxTxH):
-        moe = nnx.merge(graphdef, nnx.from_flat_state([(p, v.replace(a)) for (p, v), a in zip(flat, arrays)]))
-        out, aux = moe(x_BxTxH)
-        return jnp.sum(out ** 2) + jnp.sum(aux["expert_counts_E"] * aux["router_prob_sum_E"])
+    def loss(arrays, ids_BxT):
+        model = nnx.merge(graphdef, nnx.from_flat_state([(p, v.replace(a)) for (p, v), a in zip(flat, arrays)]))
+        hidden_BxTxH, aux = model.hidden_states(ids_BxT)
+        return jnp.mean(model.logits(hidden_BxTxH) ** 2) + model.aux_loss(aux)
 
-    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)),
-                   out_shardings=(None, ([p.sharding for p in params], x.sharding)))
+    step = jax.jit(jax.grad(loss), out_shardings=[p.sharding for p in params])
     with jax.set_mesh(mesh):
-        return step.lower(params, x).compile().as_text()
+        return step.lower(params, ids).compile().as_text()
 
 
 def _tpu_devices():
@@ -207,13 +233,14 @@ def _tpu_devices():
 
 @pytest.mark.parametrize("platform", ["cpu", "tpu"])
 def test_compiled_hlo_dispatches_by_all_to_all_without_global_collectives(platform, moe_impl="ep"):
-    """4 chips (expert=2, fsdp=2) vs 8 chips (expert=2, fsdp=4) at 12 tokens per chip: the dispatch is an
-    all-to-all (ragged on TPU) of identical shape, no all-gather yields all E experts, and no collective of the
-    8-chip program has a size that is a multiple of its global token count (96) unless the same shape already
-    appears in the 4-chip program (half the global tokens): nothing scales with the global batch."""
+    """A 2-layer model's forward + backward (embedding, GDN, attention, EP MoE, logits, aux loss) on 4 chips
+    (expert=2, fsdp=2) vs 8 chips (data=2 more) at 12 tokens per chip, the parameters laid out identically: the
+    dispatch is an all-to-all (ragged on TPU) of identical shape, no all-gather yields all E experts, and no
+    collective of the 8-chip program has a size that is a multiple of its global token count (96) unless the same
+    shape already appears in the 4-chip program (half the global tokens): nothing scales with the global batch."""
     devices = _tpu_devices() if platform == "tpu" else jax.devices()
-    small = collectives(_compiled_layer_hlo(devices[:4], {"expert": 2, "fsdp": 2}, 4, 12, moe_impl))
-    large = collectives(_compiled_layer_hlo(devices, {"expert": 2, "fsdp": 4}, 8, 12, moe_impl))
+    small = collectives(_compiled_model_hlo(devices[:4], {"expert": 2, "fsdp": 2}, 4, 12, moe_impl))
+    large = collectives(_compiled_model_hlo(devices, {"data": 2, "expert": 2, "fsdp": 2}, 8, 12, moe_impl))
     dispatch_op = "ragged-all-to-all" if platform == "tpu" else "all-to-all"
     dispatch_large, dispatch_small = ([c for c in cs if c[0] == dispatch_op and "f32" in c[1]] for cs in (large, small))
     assert dispatch_large, f"no float {dispatch_op} in the compiled program: {large}"

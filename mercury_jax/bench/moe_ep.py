@@ -65,7 +65,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="qwen3.5-35b-a3b", choices=sorted(PRESETS))
     parser.add_argument("--runs", nargs="+", default=list(DEFAULT_RUNS),
-                        help="TOPOLOGY=axis:size/axis:size, e.g. v5p:2x2x2=expert:4/fsdp:2")
+                        help="TOPOLOGY=axis:size/axis:size[@TOKENS_PER_CHIP], e.g. v5p:2x2x2=expert:4/fsdp:2")
     parser.add_argument("--tokens-per-chip", type=int, default=4096)
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
@@ -73,13 +73,15 @@ def main():
     gib = 2 ** 30
     rows = []
     for run in args.runs:
+        run, _, tokens_text = run.partition("@")
+        tokens_per_chip = int(tokens_text) if tokens_text else args.tokens_per_chip
+        seq = max(args.seq, tokens_per_chip) if tokens_text else args.seq
         topology, mesh_text = run.split("=")
         mesh_shape = {k: int(v) for k, v in (item.split(":") for item in mesh_text.split("/"))}
-        memory, seconds, ops, chips = compile_layer(args.preset, topology, mesh_shape, args.tokens_per_chip,
-                                                    args.seq)
+        memory, seconds, ops, chips = compile_layer(args.preset, topology, mesh_shape, tokens_per_chip, seq)
         total = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
                  - memory.alias_size_in_bytes)
-        rows.append([topology, chips, mesh_text, args.tokens_per_chip, f"{memory.argument_size_in_bytes / gib:.2f}",
+        rows.append([topology, chips, mesh_text, tokens_per_chip, f"{memory.argument_size_in_bytes / gib:.2f}",
                      f"{memory.temp_size_in_bytes / gib:.2f}", f"{total / gib:.2f}",
                      ", ".join(f"{k} x{v}" for k, v in sorted(ops.items())), f"{seconds:.0f}"])
         print(rows[-1], flush=True)
@@ -92,9 +94,11 @@ def main():
                    f"--tokens-per-chip {args.tokens_per_chip} --seq {args.seq} --runs {' '.join(args.runs)} --write")
         body = ("One released-shape MoE layer (router, top-k, 256 experts top-8 via moe_impl='ep', shared expert), "
                 "forward + backward, fp32 weights and bf16 compute, compiled ahead of time for v5p on a CPU host; "
-                "memory from `compiled.memory_analysis()` per chip. The dropless receive buffer holds "
-                "P x tokens/chip x min(k, experts/chip) rows (P = expert-axis size), so with the expert axis over "
-                "all chips it grows with P; with P fixed and fsdp/data growing it is flat.\n\n" + table)
+                "memory from `compiled.memory_analysis()` per chip. The dispatch runs in rounds of "
+                "B = 2 x tokens/chip x k received rows (twice the balanced load; `moe_ep.round_rows`), so the "
+                "buffers do not depend on the expert-axis size P; a skewed routing takes more rounds (up to "
+                "P x min(k, experts/chip) / (2 k)), not more memory. A row with `@N` uses N tokens per chip "
+                "(a micro-batch of the released step is 24,576 tokens a chip).\n\n" + table)
         write_section("moe_ep", "Expert-parallel MoE layer: memory per chip (v5p AOT)", body, command)
 
 

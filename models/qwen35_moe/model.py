@@ -14,6 +14,7 @@ from mercury_jax.parallel import BATCH_LENGTH_EMBED, constrain
 from models.qwen35_moe.cache import init_cache
 from models.qwen35_moe.config import Qwen35MoeConfig
 from models.qwen35_moe.decoder import DecoderLayer, apply_block_stack, create_block_stack
+from models.qwen35_moe.embedding import embed_tokens
 from models.qwen35_moe.moe import load_balancing_loss
 from models.qwen35_moe.norms import RMSNorm
 from models.qwen35_moe.params import cast, make_param, normal_init
@@ -48,8 +49,7 @@ class Qwen35MoeModel(nnx.Module):
         """Returns (hidden [B, T, H] after the final norm, new cache or None, aux with MoE routing stats)."""
         cfg = self.config
         B, T = input_ids_BxT.shape
-        x_BxTxH = constrain(jnp.take(self.embed[...], input_ids_BxT, axis=0).astype(cfg.compute_dtype),
-                            BATCH_LENGTH_EMBED)
+        x_BxTxH = constrain(embed_tokens(self.embed[...], input_ids_BxT, cfg.compute_dtype), BATCH_LENGTH_EMBED)
         valid_BxT, cache_start_B = None, None
         if cache is not None:
             if segment_ids_BxT is not None:

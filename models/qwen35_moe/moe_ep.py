@@ -13,15 +13,19 @@ Computes exactly `moe.routed_experts` (out[n] = sum_k w[n, k] * Expert_{e[n, k]}
 Expert weights are sharded [E over 'expert', H, I over 'tensor'] (a 'tensor' split of I is summed with one psum of
 the [n, H] result); no device ever holds another device's experts, and no collective carries the global tokens.
 
-Dispatch ("ragged" or "padded", same math, same receive buffer):
+Dispatch ("ragged" or "padded", same offsets, same buffers):
   * "ragged": `jax.lax.ragged_all_to_all` moves exactly the rows sent (TPU/GPU). XLA:CPU has no ragged-all-to-all
     (jax 0.10: "HLO opcode ragged-all-to-all is not supported by XLA:CPU"), so
-  * "padded": a dense `all_to_all` of a [P, cap, H] buffer whose slot j holds the rows for expert-rank j, zero
-    padded. Used on CPU meshes (tests); "auto" picks it when the mesh's devices are CPUs.
-Dropless sizing rule: a token picks K distinct experts, so it sends at most min(K, E_local) rows to one expert-rank;
-a device therefore receives at most cap = n * min(K, E_local) rows from each of the P sources, and the receive
-buffer has P * cap rows (reached when every source routes every token to this rank). No pair is ever dropped; the
-price is a receive buffer (and grouped-matmul rows) of P * cap instead of the ~n * K average.
+  * "padded": the same transfers by a dense `all_to_all` of [P, slot, H] (each transfer zero-padded to the most
+    rows one can carry) and a scatter at the receiver's offsets, `ragged_all_to_all`'s semantics exactly. Used on
+    CPU meshes (tests); "auto" picks it when the mesh's devices are CPUs.
+Dropless, in rounds: a token picks K distinct experts, so a device can receive up to n * min(K, E_local) rows from
+each of the P sources (every source routing every token to it), P times the balanced load n * K when E_local >= K.
+Instead of a buffer of that worst case, a round receives B = ceil(round_factor * n * K) rows (`ROUND_FACTOR` 2,
+twice the balanced load; capped at the worst case): round r takes positions [r B, (r + 1) B) of each receiver's
+incoming stream, and the step runs as many rounds as the fullest receiver needs (one when no receiver gets more
+than B rows; at most ceil(worst / B)). No pair is ever dropped, and memory per device is one round's buffers, flat
+in the expert-axis size; a badly skewed routing costs extra rounds, not memory.
 
 Backward: JAX transposes `ragged_all_to_all` / `all_to_all` (the dispatch reversed), sorts and gathers, so the
 gradients w.r.t. x, the routing weights and the local experts need no gather of other devices' experts.
@@ -46,6 +50,7 @@ TOKEN_AXES = ("data", "fsdp", "expert")
 EXPERT_AXIS = "expert"
 TENSOR_AXIS = "tensor"
 DISPATCHES = ("auto", "ragged", "padded")
+ROUND_FACTOR = 2.0  # a dispatch round receives ROUND_FACTOR * n * K rows: twice the balanced load
 
 
 class ExpertParallelError(ValueError):
@@ -53,14 +58,15 @@ class ExpertParallelError(ValueError):
 
 
 def ep_moe(x_NxH: jax.Array, router_HxE: jax.Array, gate_ExHxI: jax.Array, up_ExHxI: jax.Array,
-           down_ExIxH: jax.Array, *, top_k: int, mesh=None, dispatch: str = "auto") -> tuple[jax.Array, dict]:
+           down_ExIxH: jax.Array, *, top_k: int, mesh=None, dispatch: str = "auto",
+           round_factor: float = ROUND_FACTOR) -> tuple[jax.Array, dict]:
     """Routing (`routing.route`) and the routed experts, token-local on each device, experts over 'expert'.
 
     Returns (routed [N, H], aux) with aux = {expert_counts_E, router_prob_sum_E} summed over all N tokens (each
     device returns its partial [E] sums; the [devices, E] stack is summed outside the shard_map, a collective of
     size devices x E, never tokens)."""
     E = gate_ExHxI.shape[0]
-    ctx = _Context.build(mesh, E, gate_ExHxI.shape[2], dispatch)
+    ctx = _Context.build(mesh, E, gate_ExHxI.shape[2], dispatch, round_factor)
     N = x_NxH.shape[0]
     x_NxH, valid_N = ctx.pad(x_NxH), ctx.pad(jnp.ones((N,), jnp.float32))
 
@@ -83,10 +89,11 @@ def ep_moe(x_NxH: jax.Array, router_HxE: jax.Array, gate_ExHxI: jax.Array, up_Ex
 
 
 def ep_routed_experts(x_NxH: jax.Array, expert_NxK: jax.Array, weight_NxK: jax.Array, gate_ExHxI: jax.Array,
-                      up_ExHxI: jax.Array, down_ExIxH: jax.Array, *, mesh=None, dispatch: str = "auto") -> jax.Array:
+                      up_ExHxI: jax.Array, down_ExIxH: jax.Array, *, mesh=None, dispatch: str = "auto",
+                      round_factor: float = ROUND_FACTOR) -> jax.Array:
     """`moe.routed_experts` (routing given) with experts sharded over the 'expert' mesh axis."""
     E = gate_ExHxI.shape[0]
-    ctx = _Context.build(mesh, E, gate_ExHxI.shape[2], dispatch)
+    ctx = _Context.build(mesh, E, gate_ExHxI.shape[2], dispatch, round_factor)
     N = x_NxH.shape[0]
     # padded tokens pick the out-of-range expert E, which sorts last and is never sent
     x_NxH, expert_NxK, weight_NxK = ctx.pad(x_NxH), ctx.pad(expert_NxK, E), ctx.pad(weight_NxK)
@@ -107,10 +114,15 @@ class _Context:
     ep_size: int
     tp: str | None
     dispatch: str
+    round_factor: float = ROUND_FACTOR
 
     @staticmethod
-    def build(mesh, num_experts: int, intermediate: int, dispatch: str) -> _Context:
+    def build(mesh, num_experts: int, intermediate: int, dispatch: str, round_factor: float = ROUND_FACTOR
+              ) -> _Context:
         mesh = _resolve_mesh(mesh)
+        if not round_factor > 0:
+            raise ExpertParallelError(f"round_factor must be > 0 (rows a dispatch round receives, in units of the "
+                                      f"balanced load n * K), got {round_factor!r}")
         ep_size = mesh.shape.get(EXPERT_AXIS, 1)
         if num_experts % ep_size:
             raise ExpertParallelError(f"num_experts {num_experts} is not divisible by the mesh's '{EXPERT_AXIS}' "
@@ -120,7 +132,7 @@ class _Context:
         return _Context(mesh=mesh, token_axes=token_axes, n_token_shards=math.prod(mesh.shape[a] for a in token_axes),
                         ep=EXPERT_AXIS if ep_size > 1 else None, ep_size=ep_size,
                         tp=TENSOR_AXIS if tp_size > 1 and intermediate % tp_size == 0 else None,
-                        dispatch=_resolve_dispatch(dispatch, mesh))
+                        dispatch=_resolve_dispatch(dispatch, mesh), round_factor=float(round_factor))
 
     @property
     def token_spec(self) -> P:
@@ -156,60 +168,104 @@ def _local_ep(x_nxH, expert_nxK, weight_nxK, gate_ExHxI, up_ExHxI, down_ExIxH, *
         y_sorted_MxH = _grouped_swiglu(x_sorted_MxH, counts_E, gate_ExHxI, up_ExHxI, down_ExIxH)
     else:
         y_sorted_MxH = _exchange_and_compute(x_sorted_MxH, counts_E.reshape(ep_size, E_local), gate_ExHxI, up_ExHxI,
-                                             down_ExIxH, n=n, K=K, ep=ep, ep_size=ep_size, dispatch=ctx.dispatch)
+                                             down_ExIxH, n=n, K=K, ep=ep, ep_size=ep_size, dispatch=ctx.dispatch,
+                                             round_factor=ctx.round_factor)
     y_MxH = jnp.zeros((M, H), y_sorted_MxH.dtype).at[order_M].set(y_sorted_MxH)
     out_nxH = jnp.einsum("nkh,nk->nh", y_MxH.reshape(n, K, H), weight_nxK)
     return jax.lax.psum(out_nxH, tp) if tp else out_nxH
 
 
+def round_rows(tokens_per_device: int, top_k: int, experts_per_device: int, ep_size: int,
+               round_factor: float = ROUND_FACTOR) -> tuple[int, int]:
+    """(rows a dispatch round receives B, most rounds a step can need): B = ceil(round_factor * n * K), capped at
+    the worst case P * n * min(K, E_local); rounds = ceil(worst / B)."""
+    worst = ep_size * receive_capacity(tokens_per_device, top_k, experts_per_device)
+    rows = max(1, min(worst, math.ceil(round_factor * tokens_per_device * top_k)))
+    return rows, -(-worst // rows)
+
+
 def _exchange_and_compute(x_sorted_MxH, send_counts_PxL, gate_LxHxI, up_LxHxI, down_LxIxH, *, n, K, ep, ep_size,
-                          dispatch):
-    """Send sorted rows to their expert-ranks, run the local experts, return the results in the sorted order."""
+                          dispatch, round_factor):
+    """Send sorted rows to their expert-ranks, run the local experts, return the results in the sorted order.
+
+    A receiver's incoming rows form one stream: source 0's rows, then source 1's, ..., each grouped by local expert.
+    Round r moves stream positions [r B, (r + 1) B) of every receiver at once (each sender sends the part of its
+    block that falls in the window), runs the experts on them and sends the results back. The round count is the
+    fullest receiver's stream over B, the same on every device (it comes from the all-gathered [P, P] counts);
+    rounds past it are skipped by `lax.cond`, and a round's body is rematerialised in the backward pass, so memory
+    stays one round's buffers whatever the routing.
+    """
     M, H = x_sorted_MxH.shape
     E_local = gate_LxHxI.shape[0]
-    cap = receive_capacity(n, K, E_local)
-    R = ep_size * cap
+    B, max_rounds = round_rows(n, K, E_local, ep_size, round_factor)
+    me = jax.lax.axis_index(ep)
     send_P = jnp.sum(send_counts_PxL, axis=1)
-    send_offsets_P = _exclusive_cumsum(send_P)
-    recv_counts_PxL = jax.lax.all_to_all(send_counts_PxL, ep, 0, 0, tiled=True)  # [source, local expert]
-    recv_P = jnp.sum(recv_counts_PxL, axis=1)
+    sizes_PxP = jax.lax.all_gather(send_P, ep)  # [source, destination]
+    recv_counts_PxL = jax.lax.all_to_all(send_counts_PxL, ep, 0, 0, tiled=True)  # [source, local expert] to me
+    stream_start_PxP = _exclusive_cumsum(sizes_PxP, axis=0)  # where source s's block starts in d's stream
+    send_offsets_P = _exclusive_cumsum(send_P)  # where my rows for d start in x_sorted
+    back_offsets_P = _exclusive_cumsum(sizes_PxP, axis=1)[:, me]  # where s's rows for me start in s's x_sorted
+    rounds = -(-jnp.max(jnp.sum(sizes_PxP, axis=0)) // B)
+    exchange = (jax.lax.ragged_all_to_all if dispatch == "ragged"
+                else functools.partial(_padded_ragged_all_to_all, slot_rows=min(M, B)))
 
-    if dispatch == "ragged":
-        me = jax.lax.axis_index(ep)
-        sizes_PxP = jax.lax.all_gather(send_P, ep)  # [source, destination]
-        dest_offsets_P = _exclusive_cumsum(sizes_PxP, axis=0)[me]  # where my rows land in each receiver's buffer
-        back_offsets_P = _exclusive_cumsum(sizes_PxP, axis=1)[:, me]  # where my results land in each source's
-        recv_offsets_P = _exclusive_cumsum(recv_P)
-        recv_RxH = jax.lax.ragged_all_to_all(x_sorted_MxH, jnp.zeros((R, H), x_sorted_MxH.dtype), send_offsets_P,
-                                             send_P, dest_offsets_P, recv_P, axis_name=ep)
-    else:
-        slot_PxC = send_offsets_P[:, None] + jnp.arange(cap)[None, :]
-        valid_PxC = jnp.arange(cap)[None, :] < send_P[:, None]
-        send_PxCxH = jnp.where(valid_PxC[..., None], x_sorted_MxH[jnp.clip(slot_PxC, 0, M - 1)], 0)
-        recv_RxH = jax.lax.all_to_all(send_PxCxH, ep, 0, 0, tiled=True).reshape(R, H)
-        recv_offsets_P = jnp.arange(ep_size, dtype=jnp.int32) * cap
+    def one_round(r):
+        lo, hi = r * B, r * B + B
+        out_start_P, in_start_P = stream_start_PxP[me], stream_start_PxP[:, me]
+        out_lo_P = jnp.clip(out_start_P, lo, hi)  # my block for d, clipped to d's window
+        sent_P = jnp.clip(out_start_P + send_P, lo, hi) - out_lo_P
+        in_lo_P = jnp.clip(in_start_P, lo, hi)  # s's block for me, clipped to my window
+        received_P = jnp.clip(in_start_P + sizes_PxP[:, me], lo, hi) - in_lo_P
+        recv_BxH = exchange(x_sorted_MxH, jnp.zeros((B, H), x_sorted_MxH.dtype),
+                            _where_sent(sent_P, send_offsets_P + out_lo_P - out_start_P), sent_P,
+                            _where_sent(sent_P, out_lo_P - lo), received_P, axis_name=ep)
+        # the window's rows: per source, grouped by local expert; re-sort them by local expert
+        group_start_PxL = in_start_P[:, None] + _exclusive_cumsum(recv_counts_PxL, axis=1)
+        group_lo_PxL = jnp.clip(group_start_PxL, lo, hi)
+        group_len_PxL = jnp.clip(group_start_PxL + recv_counts_PxL, lo, hi) - group_lo_PxL
+        starts_S, lengths_S = (group_lo_PxL - lo).reshape(-1), group_len_PxL.reshape(-1)
+        row_B = jnp.arange(B, dtype=jnp.int32)
+        segment_B = jnp.searchsorted(starts_S, row_B, side="right") - 1
+        valid_B = row_B < starts_S[segment_B] + lengths_S[segment_B]
+        local_order_B = jnp.argsort(jnp.where(valid_B, segment_B % E_local, E_local), stable=True)
+        y_B = _grouped_swiglu(recv_BxH[local_order_B], jnp.sum(group_len_PxL, axis=0), gate_LxHxI, up_LxHxI,
+                              down_LxIxH)
+        y_BxH = jnp.zeros_like(y_B).at[local_order_B].set(y_B)
+        return exchange(y_BxH, jnp.zeros((M, H), y_BxH.dtype), _where_sent(received_P, in_lo_P - lo), received_P,
+                        _where_sent(received_P, back_offsets_P + in_lo_P - in_start_P), sent_P, axis_name=ep)
 
-    # received rows: per source s at recv_offsets[s], grouped by local expert; re-sort them by local expert
-    starts_S = (recv_offsets_P[:, None] + _exclusive_cumsum(recv_counts_PxL, axis=1)).reshape(-1)
-    lengths_S = recv_counts_PxL.reshape(-1)
-    row_R = jnp.arange(R, dtype=jnp.int32)
-    segment_R = jnp.searchsorted(starts_S, row_R, side="right") - 1
-    valid_R = row_R < starts_S[segment_R] + lengths_S[segment_R]
-    local_order_R = jnp.argsort(jnp.where(valid_R, segment_R % E_local, E_local), stable=True)
-    y_R = _grouped_swiglu(recv_RxH[local_order_R], jnp.sum(recv_counts_PxL, axis=0), gate_LxHxI, up_LxHxI,
-                          down_LxIxH)
-    y_RxH = jnp.zeros_like(y_R).at[local_order_R].set(y_R)
+    if max_rounds == 1:
+        return one_round(0)
 
-    if dispatch == "ragged":
-        return jax.lax.ragged_all_to_all(y_RxH, jnp.zeros((M, H), y_RxH.dtype), recv_offsets_P, recv_P,
-                                         back_offsets_P, send_P, axis_name=ep)
-    back_PxCxH = jax.lax.all_to_all(y_RxH.reshape(ep_size, cap, H), ep, 0, 0, tiled=True)
-    pos_M = jnp.arange(M, dtype=jnp.int32)
-    dest_M = jnp.searchsorted(jnp.cumsum(send_P), pos_M, side="right")
-    sent_M = dest_M < ep_size
-    dest_M = jnp.minimum(dest_M, ep_size - 1)
-    rows_MxH = back_PxCxH[dest_M, jnp.clip(pos_M - send_offsets_P[dest_M], 0, cap - 1)]
-    return jnp.where(sent_M[:, None], rows_MxH, 0)
+    def round_step(y_MxH, r):
+        skip = lambda r: jnp.zeros((M, H), x_sorted_MxH.dtype)  # noqa: E731
+        return y_MxH + jax.lax.cond(r < rounds, one_round, skip, r), None
+
+    y_MxH, _ = jax.lax.scan(jax.checkpoint(round_step), jnp.zeros((M, H), x_sorted_MxH.dtype),
+                            jnp.arange(max_rounds, dtype=jnp.int32))
+    return y_MxH
+
+
+def _where_sent(sizes_P, offsets_P):
+    """Offsets of empty transfers set to 0, so no offset points past its buffer."""
+    return jnp.where(sizes_P > 0, offsets_P, 0)
+
+
+def _padded_ragged_all_to_all(operand, output, input_offsets_P, send_sizes_P, output_offsets_P, recv_sizes_P, *,
+                              axis_name, slot_rows):
+    """`jax.lax.ragged_all_to_all` by its documented semantics from a dense `all_to_all` (XLA:CPU lacks the op):
+    rows operand[input_offsets[j] : + send_sizes[j]] go to device j and land at output[output_offsets[j] : ...]
+    there; recv_sizes[s] rows arrive from device s. Every transfer is padded to `slot_rows` (>= any send size)."""
+    rows = operand.shape[0]
+    slot_S = jnp.arange(slot_rows, dtype=jnp.int32)
+    sending_PxS = slot_S[None, :] < send_sizes_P[:, None]
+    index_PxS = jnp.clip(input_offsets_P[:, None] + slot_S[None, :], 0, rows - 1)
+    send_PxSxH = jnp.where(sending_PxS[..., None], operand[index_PxS], 0)
+    recv_PxSxH = jax.lax.all_to_all(send_PxSxH, axis_name, 0, 0, tiled=False)
+    offsets_from_P = jax.lax.all_to_all(output_offsets_P, axis_name, 0, 0, tiled=True)  # where source s writes in me
+    valid_PxS = slot_S[None, :] < recv_sizes_P[:, None]
+    target_PxS = jnp.where(valid_PxS, offsets_from_P[:, None] + slot_S[None, :], output.shape[0])
+    return output.at[target_PxS.reshape(-1)].set(recv_PxSxH.reshape(-1, *operand.shape[1:]), mode="drop")
 
 
 def _grouped_swiglu(x_RxH, group_sizes_L, gate_LxHxI, up_LxHxI, down_LxIxH):
