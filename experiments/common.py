@@ -49,6 +49,7 @@ def model_config() -> ml_collections.ConfigDict:
     c.dtype = "bfloat16"                        # compute dtype; master weights are always fp32
     c.remat_policy = "full"                     # keeps 4 KiB a token a block (the dots policy: 160 KiB)
     c.moe_impl = "ragged"
+    c.moe_ep_round_factor = 2.0                 # "ep": a dispatch round receives 2x the balanced load (moe_ep.py)
     c.attention_impl = "splash"                 # the Pallas TPU kernel; "blockwise" elsewhere, "dense" for tiny rows
     c.gdn_impl = "chunked"
     return c

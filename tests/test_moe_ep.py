@@ -173,6 +173,8 @@ def test_ep_needs_a_mesh_and_a_dividing_expert_axis():
     assert receive_capacity(tokens_per_device=5, top_k=8, experts_per_device=2) == 10
     with pytest.raises(ExpertParallelError, match="round_factor"):
         ep_routed_experts(x, e, w, g, u, d, mesh=make_mesh({"expert": 4, "data": 2}), round_factor=0)
+    with pytest.raises(ValueError, match="moe_ep_round_factor"):
+        C.tiny(moe_impl="ep", moe_ep_round_factor=0)
 
 
 def test_round_rows_are_flat_in_the_expert_axis():

@@ -32,11 +32,12 @@ DEFAULT_RUNS = ("v5p:2x2x1=expert:4", "v5p:2x2x2=expert:8", "v5p:2x2x4=expert:16
 _COLLECTIVE = re.compile(r"\b(ragged-all-to-all|all-to-all|all-gather|all-reduce|reduce-scatter)(?:-start)?\(")
 
 
-def compile_layer(preset: str, topology: str, mesh_shape: dict, tokens_per_chip: int, seq: int):
+def compile_layer(preset: str, topology: str, mesh_shape: dict, tokens_per_chip: int, seq: int,
+                  round_factor: float = 2.0):
     """(memory_analysis, compile seconds, collective op counts) of one MoE layer's value_and_grad."""
     devices = topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
     mesh = make_mesh(mesh_shape, devices=devices)
-    cfg = PRESETS[preset](dtype="bfloat16", param_dtype="float32", moe_impl="ep")
+    cfg = PRESETS[preset](dtype="bfloat16", param_dtype="float32", moe_impl="ep", moe_ep_round_factor=round_factor)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: SparseMoe(cfg, rngs=nnx.Rngs(0))))
     flat = nnx.to_flat_state(state)
     params = [jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=variable_sharding(p, v, mesh)) for p, v in flat]
@@ -68,6 +69,7 @@ def main():
                         help="TOPOLOGY=axis:size/axis:size[@TOKENS_PER_CHIP], e.g. v5p:2x2x2=expert:4/fsdp:2")
     parser.add_argument("--tokens-per-chip", type=int, default=4096)
     parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--round-factor", type=float, default=2.0, help="model.moe_ep_round_factor")
     parser.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
     args = parser.parse_args()
     gib = 2 ** 30
@@ -78,7 +80,8 @@ def main():
         seq = max(args.seq, tokens_per_chip) if tokens_text else args.seq
         topology, mesh_text = run.split("=")
         mesh_shape = {k: int(v) for k, v in (item.split(":") for item in mesh_text.split("/"))}
-        memory, seconds, ops, chips = compile_layer(args.preset, topology, mesh_shape, tokens_per_chip, seq)
+        memory, seconds, ops, chips = compile_layer(args.preset, topology, mesh_shape, tokens_per_chip, seq,
+                                                    args.round_factor)
         total = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
                  - memory.alias_size_in_bytes)
         rows.append([topology, chips, mesh_text, tokens_per_chip, f"{memory.argument_size_in_bytes / gib:.2f}",

@@ -74,7 +74,7 @@ def build_tokenizer(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike |
     raise ValueError(f"tokenizer.kind {cfg.kind!r} is not 'qwen35' or 'sentencepiece'")
 
 
-RUNTIME_FIELDS = ("dtype", "remat_policy", "moe_impl", "attention_impl", "gdn_impl")
+RUNTIME_FIELDS = ("dtype", "remat_policy", "moe_impl", "moe_ep_round_factor", "attention_impl", "gdn_impl")
 
 
 def model_runtime(cfg: ml_collections.ConfigDict) -> dict:

@@ -75,10 +75,10 @@ class Qwen35MoeConfig:
     param_dtype: str = "float32"
     remat_policy: str = "none"
     scan_layers: bool = True
-    # "chunked" until the model wraps the Pallas call in shard_map for meshes; "auto" picks Pallas on TPU
-    gdn_impl: str = "chunked"
+    gdn_impl: str = "chunked"  # "auto" picks the Pallas kernel when tracing for TPU (run per shard under a mesh)
     gdn_chunk_size: int = 64
     moe_impl: str = "ragged"  # "ragged": sort + ragged_dot; "dense": all experts; "ep": expert parallel (moe_ep.py)
+    moe_ep_round_factor: float = 2.0  # "ep": a dispatch round receives this x the balanced load n * k rows
     attention_impl: str = "dense"  # full forwards only (training, scoring); the decode path is always dense
 
     def __post_init__(self):
@@ -118,6 +118,10 @@ class Qwen35MoeConfig:
             problems.append(f"moe_impl {self.moe_impl!r} is not one of {MOE_IMPLS}")
         if self.attention_impl not in ATTENTION_IMPLS:
             problems.append(f"attention_impl {self.attention_impl!r} is not one of {ATTENTION_IMPLS}")
+        if not (isinstance(self.moe_ep_round_factor, int | float) and self.moe_ep_round_factor > 0):
+            problems.append(f"moe_ep_round_factor {self.moe_ep_round_factor!r} must be a number > 0 (rows a dispatch "
+                            f"round receives, in units of the balanced load; 2.0 is the default, 1.0 halves the "
+                            f"buffers and takes two rounds on a skewed step)")
         if self.gdn_impl not in GDN_IMPLS:
             problems.append(f"gdn_impl {self.gdn_impl!r} is not one of {GDN_IMPLS}")
         for name in ("dtype", "param_dtype"):

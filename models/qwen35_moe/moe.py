@@ -43,7 +43,8 @@ class SparseMoe(nnx.Module):
         x_NxH = x_BxTxH.reshape(B * T, H)
         experts = (cast(self.expert_gate, dt), cast(self.expert_up, dt), cast(self.expert_down, dt))
         if cfg.moe_impl == "ep":
-            routed_NxH, aux = ep_moe(x_NxH, cast(self.router, dt), *experts, top_k=cfg.num_experts_per_tok)
+            routed_NxH, aux = ep_moe(x_NxH, cast(self.router, dt), *experts, top_k=cfg.num_experts_per_tok,
+                                     round_factor=cfg.moe_ep_round_factor)
         else:
             probs_NxE, top_w_NxK, top_e_NxK = route(x_NxH, cast(self.router, dt), cfg.num_experts_per_tok)
             routed = dense_experts if cfg.moe_impl == "dense" else routed_experts
