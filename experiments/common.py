@@ -51,7 +51,7 @@ def model_config() -> ml_collections.ConfigDict:
     c.moe_impl = "ragged"
     c.moe_ep_round_factor = 2.0                 # "ep": a dispatch round receives 2x the balanced load (moe_ep.py)
     c.attention_impl = "splash"                 # the Pallas TPU kernel; "blockwise" elsewhere, "dense" for tiny rows
-    c.gdn_impl = "chunked"
+    c.gdn_impl = "auto"                         # the Pallas kernel when tracing for TPU (per shard), else chunked
     return c
 
 
@@ -106,6 +106,7 @@ def tiny_common(c: ml_collections.ConfigDict) -> None:
     c.model.remat_policy = "none"
     c.model.moe_impl = "dense"   # plain matmuls over the 8 tiny experts: fastest on CPU
     c.model.attention_impl = "dense"  # [T, S] scores are small at tiny lengths
+    c.model.gdn_impl = "chunked"      # pure JAX (the Pallas kernel would run interpreted on CPU)
     c.tokenizer.kind = "sentencepiece"
     c.tokenizer.vocab_size = 1024
     # record ids (`T-3`), page ids (`p009`) and each distinct tool block of the system prompt as single pieces
