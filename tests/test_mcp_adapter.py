@@ -5,7 +5,7 @@ import sys
 import textwrap
 
 import pytest
-from loop_heartbeat import heartbeat
+from loop_heartbeat import frozen_heap, heartbeat
 from mcp.server.mcpserver.exceptions import ToolError
 
 from mercury_jax.chat import parse_assistant, render
@@ -341,7 +341,8 @@ def test_blocking_tool_times_out_while_the_loop_keeps_ticking():
             beat.cancel()
 
     try:
-        slow, elapsed, abandoned, after = run(main())
+        with frozen_heap():
+            slow, elapsed, abandoned, after = run(main())
     finally:
         release.set()
     assert slow.is_error and "did not answer within 0.3 s" in slow.text and "timed out" in slow.failure

@@ -13,7 +13,7 @@ import asyncio
 import numpy as np
 import pytest
 from flax import nnx
-from loop_heartbeat import heartbeat
+from loop_heartbeat import frozen_heap, heartbeat
 
 from mercury_jax.chat import render, render_completion, train_sentencepiece_tokenizer
 from mercury_jax.envs import BehaviourConfig, make_episode, oracle_trajectory, presets
@@ -515,23 +515,28 @@ def test_no_loop_callback_blocks_over_a_realistic_episode_mix(tokenizer, monkeyp
             beat.cancel()
 
     loop_thread.append(threading.current_thread())
-    # The gaps are wall time, so another process holding both cores can stretch one past 0.1 s: the mix runs up to
-    # twice and passes when one run has no such gap. A callback that really blocks the loop stalls every run.
-    worst_gaps = []
-    for _ in range(2):
-        gaps.clear()
-        engine = ScriptedEngine(None, num_slots=4)
-        runner = EpisodeRunner(engine, tokenizer, episode_factory=factory, call_timeout_s=0.3)
-        engine.script = oracle_script(tokenizer, tasks + [blocked], runner.request_stride, overrides)
-        monkeypatch.setattr(asyncio.events.Handle, "_run", timed_callback)
-        trajectories = asyncio.run(main(runner))
-        monkeypatch.undo()
-        assert all(t.reward == 1.0 and t.env_failure is None for t in trajectories[:-1])
-        assert "timed out after 0.3 s" in trajectories[-1].env_failure
-        slowest = max(callbacks)
-        assert len(callbacks) > 500 and slowest[0] < 0.1, slowest
-        assert len(gaps) > 20
-        worst_gaps.append(sorted(gaps)[-5:])
-        if max(gaps) < 0.1:
-            break
-    assert max(worst_gaps[-1]) < 0.1, worst_gaps
+    # The gaps are wall time, so another process holding both cores can stretch one past 0.1 s; and a full garbage
+    # collection of the worker's inherited heap can land inside any callback (`frozen_heap` keeps that heap out).
+    # Neither is our code: the mix runs up to twice and passes when one run has no slow callback and no long gap.
+    # A callback that really blocks the loop stalls every run.
+    worst = []
+    with frozen_heap():
+        for _ in range(2):
+            gaps.clear()
+            callbacks.clear()
+            engine = ScriptedEngine(None, num_slots=4)
+            runner = EpisodeRunner(engine, tokenizer, episode_factory=factory, call_timeout_s=0.3)
+            engine.script = oracle_script(tokenizer, tasks + [blocked], runner.request_stride, overrides)
+            monkeypatch.setattr(asyncio.events.Handle, "_run", timed_callback)
+            trajectories = asyncio.run(main(runner))
+            monkeypatch.undo()
+            assert all(t.reward == 1.0 and t.env_failure is None for t in trajectories[:-1])
+            assert "timed out after 0.3 s" in trajectories[-1].env_failure
+            assert len(callbacks) > 500 and len(gaps) > 20
+            slowest = max(callbacks)
+            worst.append((slowest, sorted(gaps)[-5:]))
+            if slowest[0] < 0.1 and max(gaps) < 0.1:
+                break
+    slowest, worst_gaps = worst[-1]
+    assert slowest[0] < 0.1, worst
+    assert max(worst_gaps) < 0.1, worst
