@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from kernels.gated_delta.chunked import chunked_gated_delta_rule
 from kernels.gated_delta.pallas import pallas_gated_delta_rule
-from kernels.gated_delta.platform import target_platform
 from kernels.gated_delta.reference import recurrent_gated_delta_rule
+from kernels.platform import target_platform
 
 
 def _recurrent(q, k, v, g, beta, initial_state, segment_ids, chunk_size):

@@ -94,7 +94,8 @@ def main():
     print(table)
     if args.write:
         command = (f"PYTHONPATH=<libtpu dir> python -m mercury_jax.bench.moe_ep --preset {args.preset} "
-                   f"--tokens-per-chip {args.tokens_per_chip} --seq {args.seq} --runs {' '.join(args.runs)} --write")
+                   f"--tokens-per-chip {args.tokens_per_chip} --seq {args.seq} --round-factor {args.round_factor} "
+                   f"--runs {' '.join(args.runs)} --write")
         body = ("One released-shape MoE layer (router, top-k, 256 experts top-8 via moe_impl='ep', shared expert), "
                 "forward + backward, fp32 weights and bf16 compute, compiled ahead of time for v5p on a CPU host; "
                 "memory from `compiled.memory_analysis()` per chip. The dispatch runs in rounds of "

@@ -9,10 +9,11 @@ from mercury_jax.parallel.sharding import (
                                            init_sharded,
                                            logical_partition_spec,
                                            param_shardings,
+                                           partitioned_mesh,
                                            shard_params,
                                            variable_sharding,
 )
 
 __all__ = ["BATCH_LENGTH_EMBED", "DEFAULT_RULES", "MESH_AXES", "constrain", "copy_into", "init_sharded",
-           "logical_partition_spec", "make_mesh", "mesh_axis_sizes", "mesh_of", "param_shardings", "per_shard",
-           "shard_params", "variable_sharding", "with_mesh_context"]
+           "logical_partition_spec", "make_mesh", "mesh_axis_sizes", "mesh_of", "param_shardings", "partitioned_mesh",
+           "per_shard", "shard_params", "variable_sharding", "with_mesh_context"]

@@ -13,14 +13,14 @@ from collections.abc import Callable, Sequence
 
 import jax
 
-from mercury_jax.parallel.sharding import DEFAULT_RULES, logical_partition_spec
+from mercury_jax.parallel.sharding import DEFAULT_RULES, logical_partition_spec, partitioned_mesh
 
 
 def per_shard(fn: Callable, args: Sequence, in_axes: Sequence[tuple | None], out_axes, rules=DEFAULT_RULES):
     """`fn(*args)` run per shard; `in_axes[i]` names the dims of `args[i]` (None: the argument is None and is passed
     as None); `out_axes` is a pytree like `fn`'s output with a tuple of dim names per array."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1 or not mesh.are_all_axes_auto:
+    mesh = partitioned_mesh()
+    if mesh is None:
         return fn(*args)
     present = [i for i, a in enumerate(args) if a is not None]
 

@@ -57,13 +57,23 @@ def logical_partition_spec(logical_axes, shape, mesh: Mesh, rules=DEFAULT_RULES)
     return PartitionSpec(*spec)
 
 
+def partitioned_mesh():
+    """The mesh being traced under when XLA partitions the program over it (non-empty, more than one device, every
+    axis auto), else None: on one device, inside `shard_map` (manual axes) or on a mesh with explicit axes there is
+    nothing for a layout hint or a per-shard call to do."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1 or not mesh.are_all_axes_auto:
+        return None
+    return mesh
+
+
 def constrain(x: jax.Array, logical_axes: tuple, rules=DEFAULT_RULES) -> jax.Array:
     """`x` pinned to the layout its dims' logical names give on the mesh being traced under
     (`parallel.with_mesh_context`, `jax.set_mesh`): a sharding constraint, not a copy. Outside a mesh, on one
     device, inside `shard_map` (manual axes) or on a mesh with explicit axes (whose types already carry the
     layout), `x` is returned as it is."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1 or not mesh.are_all_axes_auto:
+    mesh = partitioned_mesh()
+    if mesh is None:
         return x
     return jax.lax.with_sharding_constraint(x, logical_partition_spec(logical_axes, x.shape, mesh, rules))
 

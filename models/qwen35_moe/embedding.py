@@ -16,7 +16,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from mercury_jax.parallel import BATCH_LENGTH_EMBED, logical_partition_spec
+from mercury_jax.parallel import BATCH_LENGTH_EMBED, logical_partition_spec, partitioned_mesh
 
 TABLE = ("vocab", "embed")
 IDS = ("activation_batch", "activation_length")
@@ -24,8 +24,8 @@ IDS = ("activation_batch", "activation_length")
 
 def embed_tokens(table_VxH: jax.Array, ids_BxT: jax.Array, dtype) -> jax.Array:
     """table[ids] in `dtype`: [B, T, H]."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1 or not mesh.are_all_axes_auto:
+    mesh = partitioned_mesh()
+    if mesh is None:
         return jnp.take(table_VxH, ids_BxT, axis=0).astype(dtype)
     table_spec = logical_partition_spec(TABLE, table_VxH.shape, mesh)
     ids_spec = logical_partition_spec(IDS, ids_BxT.shape, mesh)

@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from kernels.platform import target_platform
 from mercury_jax.parallel.mesh import MESH_AXES
 from models.qwen35_moe.routing import route
 
@@ -301,8 +302,4 @@ def _resolve_dispatch(dispatch, mesh):
         raise ExpertParallelError(f"dispatch {dispatch!r} is not one of {DISPATCHES}")
     if dispatch != "auto":
         return dispatch
-    if isinstance(mesh, jax.sharding.Mesh):
-        mesh = mesh.abstract_mesh
-    device = getattr(mesh, "abstract_device", None)
-    platform = device.platform if device is not None else jax.default_backend()
-    return "padded" if platform == "cpu" else "ragged"
+    return "padded" if target_platform(mesh) == "cpu" else "ragged"
