@@ -319,11 +319,11 @@ def test_weights_update_between_chunks_is_used_and_recorded(model):
 def test_prefill_never_builds_logits_for_every_prompt_position(model):
     """The prefill keeps only the last real position's logits: no [1, T, V] array in its compiled program (a
     16k-token prompt with the real 248k vocabulary would make that 16 GB)."""
-    from mercury_jax.rollout.sampler import Sampler, _take_row_jit
+    from mercury_jax.rollout.sampler import Sampler
 
     sampler = Sampler(model, num_slots=2, max_length=MAX_LEN)
     state = sampler.init_state()
-    row = _take_row_jit(state["cache"], jnp.int32(0))
+    row = sampler._take_row(state["cache"], jnp.int32(0))
     request = {"reset": jnp.asarray(True), "limit": jnp.int32(4), "request_id": jnp.int32(0), "seed": jnp.int32(0),
                "temperature": jnp.float32(1.0), "top_k": jnp.int32(0), "top_p": jnp.float32(1.0),
                "stop_ids": jnp.full((8,), -1, jnp.int32)}

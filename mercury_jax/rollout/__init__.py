@@ -2,14 +2,19 @@
 
     generate(model, prompts, *, max_new_tokens, ...)   -> list[Sample]   one-shot API
     Engine(model, num_slots=, max_length=)             continuous batching; Request(continue_from=) for multi-turn
+    Engine(..., mesh=, param_dtype=)                   one replica: weights and cache sharded over its mesh
+    ReplicatedEngine(model, meshes=replica_meshes(devices, {"tensor": 4}), num_slots=, max_length=)
+                                                       R replicas as one engine (replicas.py)
     Sampler                                            the jitted prefill / decode over slots
     sampling.sample_tokens                             temperature / top-k / top-p, recorded log-probs
 """
 from mercury_jax.rollout.engine import Engine, Request, Sample
 from mercury_jax.rollout.generate import generate
+from mercury_jax.rollout.layout import replica_meshes
+from mercury_jax.rollout.replicas import ReplicatedEngine
 from mercury_jax.rollout.sampler import Sampler
 
-__all__ = ["Engine", "Request", "Sample", "Sampler", "generate"]
+__all__ = ["Engine", "ReplicatedEngine", "Request", "Sample", "Sampler", "generate", "replica_meshes"]
 
 # Episodes and the asynchronous worker (issue 6):
 #     EpisodeRunner(engine, tokenizer, budgets=Budgets()).run(tasks)  -> list[Trajectory]   multi-turn MCP episodes

@@ -26,6 +26,9 @@ others re-prefill.
     engine.release(2)                               # episode over: free the slot
 
 Weights: `update_weights(model, version)` between `step()` calls; every sampled token records its version.
+
+On a mesh (`mesh=`, `param_dtype=`): one rollout replica, its weights and cache sharded over the mesh's devices
+(sampler.py); `replicas.py` runs several such engines as one.
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ import time
 import jax
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
 from mercury_jax.rollout.sampler import Sampler
 
@@ -94,8 +98,10 @@ class Engine:
     """
 
     def __init__(self, model: nnx.Module, *, num_slots: int, max_length: int, steps_per_sync: int = 8,
-                 refill: bool = True, policy_version: int = 0):
-        self.sampler = Sampler(model, num_slots=num_slots, max_length=max_length, policy_version=policy_version)
+                 refill: bool = True, policy_version: int = 0, mesh: Mesh | None = None, param_dtype=None,
+                 hbm_gib: float | None = None):
+        self.sampler = Sampler(model, num_slots=num_slots, max_length=max_length, policy_version=policy_version,
+                               mesh=mesh, param_dtype=param_dtype, hbm_gib=hbm_gib)
         self.num_slots, self.max_length = num_slots, max_length
         self.steps_per_sync, self.refill = steps_per_sync, refill
         self.state = self.sampler.init_state()
@@ -153,16 +159,32 @@ class Engine:
     def step(self) -> bool:
         """Admit queued requests into free slots, then run one decode chunk (`steps_per_sync` steps). Returns
         whether work remains (queued or running requests). Finished samples appear in `results` as they end."""
+        return self.collect_step(self.dispatch_step())
+
+    def dispatch_step(self):
+        """The first half of `step`: admit, then start the decode chunk on the device without waiting for it.
+        Returns what `collect_step` needs (None when no slot runs). Several engines on disjoint devices dispatch
+        first and collect after, so their chunks run at the same time."""
         start = time.perf_counter()
         while self._admit() and not any(self.slots) and self.queue:
             pass  # every admitted request ended at its first token: admit again before decoding
-        if not any(self.slots):
+        pending = None
+        if any(self.slots):
+            self.state, out, version = self.sampler.decode(self.state, self.steps_per_sync)
+            pending = (out, version)
+        elif self.queue:
             self._seconds += time.perf_counter() - start
-            if self.queue:
-                raise RuntimeError(f"{len(self.queue)} requests wait but every slot is parked by a keep_cache "
-                                   "request; continue or release() those sequences, or use more slots")
+            raise RuntimeError(f"{len(self.queue)} requests wait but every slot is parked by a keep_cache "
+                               "request; continue or release() those sequences, or use more slots")
+        self._seconds += time.perf_counter() - start
+        return pending
+
+    def collect_step(self, pending) -> bool:
+        """The second half of `step`: wait for the chunk, hand out its tokens. Returns whether work remains."""
+        if pending is None:
             return False
-        self._decode_chunk()
+        start = time.perf_counter()
+        self._collect_chunk(*pending)
         self._seconds += time.perf_counter() - start
         return bool(self.queue) or any(self.slots)
 
@@ -229,8 +251,7 @@ class Engine:
         self.slots[slot] = running
         return slot, running, first, version
 
-    def _decode_chunk(self) -> None:
-        self.state, out, version = self.sampler.decode(self.state, self.steps_per_sync)
+    def _collect_chunk(self, out, version: int) -> None:
         out = jax.device_get(out)
         emitted = np.asarray(out["emitted"])
         self._decode_steps += emitted.shape[0]

@@ -18,6 +18,12 @@ token budget, request id, seed, sampling parameters and stop ids. Two compiled p
 
 Cache layout: leaves have the slot (batch) axis at 0, except those under cache["blocks"], which are stacked over
 the scanned blocks first, so their slot axis is 1 (`slot_axis`).
+
+On a mesh (`mesh=`, one rollout replica): the weights are cast to `param_dtype` and sharded over the mesh by their
+logical names, the state is sharded with them (`layout.py`: slots over the row axes, heads over tensor), every
+program traces under the mesh (so `constrain`, the expert-parallel MoE and the Pallas kernels see it), decode keeps
+the state in its layout, and a prefill moves one slot's row (`slot_rows.py`). Results equal the single-device
+sampler's up to the order of sharded sums.
 """
 from __future__ import annotations
 
@@ -26,29 +32,18 @@ import functools
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import Mesh
 
+from mercury_jax.parallel import with_mesh_context
+from mercury_jax.rollout.layout import rollout_weights, state_shardings
 from mercury_jax.rollout.sampling import sample_tokens, token_keys
+from mercury_jax.rollout.sizing import check_replica_fits
+from mercury_jax.rollout.slot_rows import put_row, put_row_on_mesh, slot_axis, take_row, take_row_on_mesh
+
+__all__ = ["Sampler", "bucket_length", "put_row", "slot_axis", "take_row"]
 
 MAX_STOP_IDS = 8
 MIN_BUCKET = 16
-
-
-def slot_axis(path) -> int:
-    """The batch (slot) axis of a cache leaf: 1 under cache["blocks"] (leading n_blocks axis), else 0."""
-    return 1 if path and getattr(path[0], "key", None) == "blocks" else 0
-
-
-def take_row(cache: dict, slot: jax.Array) -> dict:
-    """The 1-row cache of `slot`."""
-    return jax.tree_util.tree_map_with_path(
-        lambda path, a: jax.lax.dynamic_slice_in_dim(a, slot, 1, axis=slot_axis(path)), cache)
-
-
-def put_row(cache: dict, row: dict, slot: jax.Array) -> dict:
-    """`cache` with the row of `slot` replaced by the 1-row cache `row`."""
-    return jax.tree_util.tree_map_with_path(
-        lambda path, a, r: jax.lax.dynamic_update_slice_in_dim(a, r.astype(a.dtype), slot, axis=slot_axis(path)),
-        cache, row)
 
 
 def bucket_length(length: int, max_length: int) -> int:
@@ -66,12 +61,20 @@ class Sampler:
     call reports the `policy_version` of the weights it ran with.
     """
 
-    def __init__(self, model: nnx.Module, *, num_slots: int, max_length: int, policy_version: int = 0):
+    def __init__(self, model: nnx.Module, *, num_slots: int, max_length: int, policy_version: int = 0,
+                 mesh: Mesh | None = None, param_dtype=None, hbm_gib: float | None = None):
         self.num_slots, self.max_length = num_slots, max_length
+        self.mesh, self.param_dtype = mesh, param_dtype
         self.graphdef, params = nnx.split(model)
-        self._weights = (params, policy_version)  # one tuple, swapped whole: a call never mixes two versions
         self._init_cache = model.init_cache
-        self._prefill_row, self._decode = _compiled(self.graphdef, max_length)  # hashes the graphdef once
+        self.memory = None
+        if mesh is not None:  # before any weight moves or program compiles
+            self.memory = check_replica_fits(params, jax.eval_shape(self._empty_state), mesh, num_slots=num_slots,
+                                             max_length=max_length, param_dtype=param_dtype, hbm_gib=hbm_gib)
+        # one tuple, swapped whole: a call never mixes two versions
+        self._weights = (rollout_weights(params, mesh, param_dtype), policy_version)
+        # hashes the graphdef once
+        self._prefill_row, self._decode, self._take_row, self._commit_row = _compiled(self.graphdef, max_length, mesh)
 
     @property
     def policy_version(self) -> int:
@@ -83,9 +86,17 @@ class Sampler:
         if graphdef != self.graphdef:
             raise ValueError("update_weights needs a model of the same structure as the sampler's (same config); "
                              "build a new Sampler/Engine for a different model")
+        params = rollout_weights(params, self.mesh, self.param_dtype)  # cast where they are, then device to device
         self._weights = (params, self.policy_version + 1 if version is None else version)
 
     def init_state(self) -> dict:
+        """The empty state, laid out on the mesh (`layout.state_shardings`) when there is one."""
+        if self.mesh is None:
+            return self._empty_state()
+        shardings = state_shardings(jax.eval_shape(self._empty_state), self.mesh)
+        return jax.jit(self._empty_state, out_shardings=shardings)()
+
+    def _empty_state(self) -> dict:
         S = self.num_slots
         return {
             "cache": self._init_cache(S, self.max_length),
@@ -117,10 +128,10 @@ class Sampler:
                    "seed": jnp.int32(seed), "temperature": jnp.float32(temperature), "top_k": jnp.int32(top_k),
                    "top_p": jnp.float32(top_p), "stop_ids": stops}
         slot = jnp.int32(slot)
-        row = _take_row_jit(state["cache"], slot)
+        row = self._take_row(state["cache"], slot)
         params, version = self._weights
         row, first = self._prefill_row(params, row, ids, jnp.int32(len(tokens)), request)
-        return _commit_row_jit(state, row, slot, first, request), first, version
+        return self._commit_row(state, row, slot, first, request), first, version
 
     def decode(self, state: dict, num_steps: int):
         """`num_steps` decode steps for every active slot. Returns (state, outputs, policy_version) with outputs
@@ -155,11 +166,11 @@ def _prefill_row(graphdef, max_length, params, row, ids_1xT, length, request):
     return row, (token, logprob, sampling_logprob, done)
 
 
-def _commit_row(state, row, slot, first, request):
-    """Scatter the prefilled row back into the batched cache and record the slot's new request."""
+def _commit_row(put, state, row, slot, first, request):
+    """Scatter the prefilled row back into the batched cache (`put`) and record the slot's new request."""
     token, _, _, done = first
     new_state = dict(state)
-    new_state["cache"] = put_row(state["cache"], row, slot)
+    new_state["cache"] = put(state["cache"], row, slot)
     updates = {"last_token": token, "active": ~done, "num_generated": jnp.int32(1)}
     updates.update({k: request[k] for k in ("limit", "request_id", "seed", "temperature", "top_k", "top_p",
                                             "stop_ids")})
@@ -168,8 +179,10 @@ def _commit_row(state, row, slot, first, request):
     return new_state
 
 
-def _decode(graphdef, params, state, num_steps):
+def _decode(graphdef, mesh, params, state, num_steps):
     model = nnx.merge(graphdef, params)
+    keep_layout = (lambda s: s) if mesh is None else (
+        lambda s: jax.lax.with_sharding_constraint(s, state_shardings(s, mesh)))
 
     def step(state, _):
         active_B = state["active"]
@@ -179,22 +192,25 @@ def _decode(graphdef, params, state, num_steps):
                                                                state["top_k"], state["top_p"])
         num_generated_B = state["num_generated"] + active_B.astype(jnp.int32)
         done_B = active_B & _finished(token_B, num_generated_B, state["limit"], state["stop_ids"])
-        new_state = dict(state, cache=cache, num_generated=num_generated_B, active=active_B & ~done_B,
-                         last_token=jnp.where(active_B, token_B, state["last_token"]))
+        new_state = keep_layout(dict(state, cache=cache, num_generated=num_generated_B, active=active_B & ~done_B,
+                                     last_token=jnp.where(active_B, token_B, state["last_token"])))
         out = {"token": token_B, "logprob": logprob_B, "sampling_logprob": sampling_logprob_B, "emitted": active_B}
         return new_state, out
 
     return jax.lax.scan(step, state, None, length=num_steps)
 
 
-# Shared by every Sampler with the same model structure and shapes, so engines reuse compiled code. The model's
-# graphdef is bound here, once, rather than passed as a static argument: hashing it costs ~1 ms per call.
-_take_row_jit = jax.jit(take_row)
-_commit_row_jit = jax.jit(_commit_row, donate_argnums=(0,))
-
-
+# Shared by every Sampler with the same model structure, shapes and mesh, so engines reuse compiled code. The
+# model's graphdef is bound here, once, rather than passed as a static argument: hashing it costs ~1 ms per call.
 @functools.lru_cache(maxsize=16)
-def _compiled(graphdef, max_length: int):
-    prefill_row = jax.jit(functools.partial(_prefill_row, graphdef, max_length), donate_argnums=(1,))
-    decode = jax.jit(functools.partial(_decode, graphdef), static_argnums=(2,), donate_argnums=(1,))
-    return prefill_row, decode
+def _compiled(graphdef, max_length: int, mesh: Mesh | None):
+    on_mesh = functools.partial(with_mesh_context, mesh=mesh)
+    prefill_row = jax.jit(on_mesh(functools.partial(_prefill_row, graphdef, max_length)), donate_argnums=(1,))
+    decode = jax.jit(on_mesh(functools.partial(_decode, graphdef, mesh)), static_argnums=(2,), donate_argnums=(1,))
+    if mesh is None:
+        take, put = take_row, put_row
+    else:
+        take = functools.partial(take_row_on_mesh, mesh=mesh)
+        put = functools.partial(put_row_on_mesh, mesh=mesh)
+    commit = jax.jit(functools.partial(_commit_row, put), donate_argnums=(0,))
+    return prefill_row, decode, jax.jit(take), commit

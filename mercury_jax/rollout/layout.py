@@ -1,0 +1,86 @@
+"""Where a rollout engine's arrays live on its replica's mesh, and how the rollout devices split into replicas.
+
+A replica is one engine over a mesh of `replica_shape` (axes of `parallel.MESH_AXES`): its weights are sharded by
+their logical names (heads / hidden units over tensor, experts over expert, the embedding's hidden dim over fsdp),
+and its decode state (`Sampler.init_state`) is sharded with them:
+
+    cache K/V            [B, S, Nkv, D]     slots over (data, fsdp, expert), kv heads over tensor
+    GDN conv windows     [B, W-1, H, D]     slots over (data, fsdp, expert), heads over tensor
+    GDN state            [B, Hv, Dk, Dv]    slots over (data, fsdp, expert), value heads over tensor
+    per-slot fields      [B, ...]           slots over (data, fsdp, expert)
+
+(leaves under cache["blocks"] carry a leading, unsplit layers axis). A dim the axes do not divide stays whole, as
+for parameters (`parallel.logical_partition_spec`): the 35B-A3B model's 2 kv heads stay whole on tensor=4.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+
+from mercury_jax.parallel import logical_partition_spec, make_mesh, param_shardings
+
+SLOTS = "activation_batch"  # the slot dim shards like the rows of a batch: over (data, fsdp, expert)
+CACHE_AXES: Mapping[str, tuple] = {
+    "k": (SLOTS, None, "kv_heads", "head_dim"),
+    "v": (SLOTS, None, "kv_heads", "head_dim"),
+    "conv_q": (SLOTS, None, "linear_key_heads", "linear_head_dim"),
+    "conv_k": (SLOTS, None, "linear_key_heads", "linear_head_dim"),
+    "conv_v": (SLOTS, None, "linear_value_heads", "linear_head_dim"),
+    "state": (SLOTS, "linear_value_heads", "linear_head_dim", "linear_head_dim"),
+}
+
+
+def state_logical_axes(path, leaf) -> tuple:
+    """The logical dim names of a leaf of the sampler state (cache leaves by their key, the rest by slot)."""
+    keys = [getattr(p, "key", None) for p in path]
+    if keys and keys[0] == "cache" and keys[-1] in CACHE_AXES:
+        axes = CACHE_AXES[keys[-1]]
+        return ("layers", *axes) if "blocks" in keys else axes
+    return (SLOTS,) + (None,) * (leaf.ndim - 1)
+
+
+def state_shardings(state, mesh: Mesh):
+    """A NamedSharding per leaf of the sampler state (arrays or ShapeDtypeStructs) on `mesh`."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, leaf: NamedSharding(mesh, logical_partition_spec(state_logical_axes(path, leaf), leaf.shape,
+                                                                      mesh)), state)
+
+
+def row_shardings(row, mesh: Mesh):
+    """The layout of a 1-row cache taken out of the state's cache: heads split as in the cache, the row whole."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, leaf: NamedSharding(mesh, logical_partition_spec(
+            tuple(None if a == SLOTS else a for a in state_logical_axes((jax.tree_util.DictKey("cache"), *path),
+                                                                        leaf)), leaf.shape, mesh)), row)
+
+
+def rollout_weights(params: nnx.State, mesh: Mesh | None, dtype=None) -> nnx.State:
+    """`params` cast to `dtype` (floating leaves; None keeps theirs) where they are, then moved to their layout on
+    `mesh` device to device (None: left where they are). The cast happens before the move, so an fp32 master
+    never lands whole on a rollout device."""
+    if dtype is not None:
+        dtype = jnp.dtype(dtype)
+        params = jax.jit(lambda p: jax.tree.map(
+            lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, p))(params)
+    if mesh is None:
+        return params
+    return jax.device_put(params, param_shardings(params, mesh))
+
+
+def replica_meshes(devices: Sequence, replica_shape: Mapping[str, int]) -> list[Mesh]:
+    """The rollout devices split into R = len(devices) / replica size consecutive groups, one mesh of
+    `replica_shape` (every axis size named; missing axes 1) each. ValueError when the size does not divide."""
+    devices = list(devices)
+    shape = dict(replica_shape)
+    if any(size < 1 for size in shape.values()):
+        raise ValueError(f"rollout replica shape {shape}: name every axis size of one replica (>= 1, no -1)")
+    per_replica = math.prod(shape.values())
+    if not devices or len(devices) % per_replica:
+        raise ValueError(f"{len(devices)} rollout device(s) do not split into replicas of {per_replica} device(s) "
+                         f"({shape}); make the replica size divide the rollout group")
+    return [make_mesh(shape, devices=devices[i:i + per_replica]) for i in range(0, len(devices), per_replica)]

@@ -1,0 +1,108 @@
+"""Several engine replicas over the rollout devices, behind the one-engine interface.
+
+    meshes = replica_meshes(rollout_devices, {"tensor": 4})        # R = len(devices) / 4 replicas
+    engine = ReplicatedEngine(model, meshes=meshes, num_slots=32, max_length=24_576, param_dtype="bfloat16")
+    engine.submit(Request(...)); engine.run(); engine.results[request_id]
+
+Each replica is an `Engine` on its own mesh (weights cast to `param_dtype` and sharded, cache sharded with them)
+with its own `num_slots` slots and continuous batching. A new request goes to the least-loaded replica; a
+continuation goes to its parent's replica (where a `keep_cache` parent's cache is parked). `step()` dispatches
+every replica's decode chunk before collecting any, so the replicas decode at the same time. Results are one dict
+keyed by request id; a request's tokens depend only on (seed, request id, weights), not on its replica (sampling.py),
+so the episode runner and the async worker run over this as over one engine and produce one trajectory stream.
+
+`update_weights(model, version)` casts and moves the weights to every replica (device to device) before returning:
+the next decode chunk of every replica uses them, and every token records the version that sampled it.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from flax import nnx
+from jax.sharding import Mesh
+
+from mercury_jax.rollout.engine import Engine, Request, Sample
+
+
+class ReplicatedEngine:
+    """R engines (one per mesh of `meshes`), `num_slots` slots each, as one engine of R x `num_slots` slots."""
+
+    def __init__(self, model: nnx.Module, *, meshes: Sequence[Mesh], num_slots: int, max_length: int,
+                 steps_per_sync: int = 8, refill: bool = True, policy_version: int = 0, param_dtype=None,
+                 hbm_gib: float | None = None, make_engine: Callable = Engine):
+        if not meshes:
+            raise ValueError("ReplicatedEngine needs at least one replica mesh (rollout.replica_meshes)")
+        self.engines = [make_engine(model, num_slots=num_slots, max_length=max_length, steps_per_sync=steps_per_sync,
+                                    refill=refill, policy_version=policy_version, mesh=mesh, param_dtype=param_dtype,
+                                    hbm_gib=hbm_gib)
+                        for mesh in meshes]
+        self.results: dict[int, Sample] = {}
+        for engine in self.engines:
+            engine.results = self.results  # one result dict: ids are unique across replicas
+        self.num_slots, self.max_length = num_slots * len(self.engines), max_length
+        self.slots_per_replica = num_slots
+        self._replica_of: dict[int, int] = {}  # request id -> replica, while it is queued, running or kept
+
+    @property
+    def num_replicas(self) -> int:
+        return len(self.engines)
+
+    @property
+    def policy_version(self) -> int:
+        return self.engines[0].policy_version
+
+    def replica_of(self, request_id: int) -> int:
+        return self._replica_of[request_id]
+
+    def submit(self, request: Request) -> None:
+        if request.request_id in self._replica_of:
+            raise ValueError(f"request id {request.request_id} is already in use; request ids key results and "
+                             "sampling keys, so each request needs its own")
+        parent = request.continue_from
+        if parent is not None and parent in self._replica_of:
+            replica = self._replica_of[parent]
+        else:  # a new sequence (or a continuation of a forgotten parent, which the engine refuses)
+            replica = min(range(len(self.engines)), key=lambda r: (self._load(r), r))
+        self.engines[replica].submit(request)
+        self._replica_of[request.request_id] = replica
+
+    def release(self, request_id: int) -> None:
+        replica = self._replica_of.get(request_id)
+        if replica is not None:
+            self.engines[replica].release(request_id)
+
+    def forget(self, request_id: int) -> Sample:
+        sample = self.engines[self._replica_of[request_id]].forget(request_id)
+        del self._replica_of[request_id]
+        return sample
+
+    def update_weights(self, model: nnx.Module, version: int | None = None) -> None:
+        version = self.policy_version + 1 if version is None else version
+        for engine in self.engines:
+            engine.update_weights(model, version)
+
+    def run(self) -> dict[int, Sample]:
+        while self.step():
+            pass
+        return self.results
+
+    def step(self) -> bool:
+        """Every replica admits and starts its decode chunk, then every replica collects its chunk."""
+        pending = [engine.dispatch_step() for engine in self.engines]
+        remains = [engine.collect_step(p) for engine, p in zip(self.engines, pending)]
+        return any(remains) or any(engine.queue for engine in self.engines)
+
+    def stats(self) -> dict:
+        per_replica = [engine.stats() for engine in self.engines]
+        seconds = max(s["seconds"] for s in per_replica)
+        generated = sum(s["generated_tokens"] for s in per_replica)
+        slot_steps = sum(s["decode_steps"] for s in per_replica) * self.slots_per_replica
+        busy = sum(s["slot_occupancy"] * s["decode_steps"] * self.slots_per_replica for s in per_replica)
+        return {"decode_steps": max(s["decode_steps"] for s in per_replica), "generated_tokens": generated,
+                "prefill_tokens": sum(s["prefill_tokens"] for s in per_replica), "seconds": seconds,
+                "slot_occupancy": busy / slot_steps if slot_steps else 0.0,
+                "tokens_per_second": generated / seconds if seconds else 0.0, "replicas": len(self.engines)}
+
+    def _load(self, replica: int) -> int:
+        engine = self.engines[replica]
+        return len(engine.queue) + sum(s is not None for s in engine.slots) + len(engine.parked)
