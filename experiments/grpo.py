@@ -67,6 +67,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     r = ml_collections.ConfigDict()
     r.num_slots = 128
+    # R = devices.rollout / 8 engine replicas (8 here), num_slots / R slots each; bf16 weights published device to
+    # device into each replica's layout (heads, hidden units, expert units and the vocab over tensor)
+    r.replica = ml_collections.ConfigDict(dict(tensor=8))
+    r.param_dtype = "bfloat16"
     r.temperature = 1.0
     r.top_p = 1.0
     r.max_turn_tokens = 8192      # one continuation = one assistant turn
@@ -93,5 +97,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         g.actor_optimizer.lr = 1e-4
         g.pivots_path, g.pivot_source, g.pivot_tasks = "", "oracle", 256
         r.num_slots, r.max_turn_tokens, r.max_total_tokens, r.max_tool_turns = 64, 48, 512, 4
+        r.replica, r.param_dtype = ml_collections.ConfigDict(), ""  # one engine with the learner's fp32 weights
         c.devices = ml_collections.ConfigDict(dict(rollout=0, actor=0))
     return c

@@ -60,6 +60,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     r = ml_collections.ConfigDict()
     r.mode = "async"              # "sync": every batch sampled with the latest weights (exactly resumable)
     r.num_slots = 128
+    # R = devices.rollout / 8 engine replicas (8 here), num_slots / R slots each; bf16 weights published device to
+    # device into each replica's layout (heads, hidden units, expert units and the vocab over tensor)
+    r.replica = ml_collections.ConfigDict(dict(tensor=8))
+    r.param_dtype = "bfloat16"
     r.temperature = 1.0
     r.top_p = 1.0
     r.max_tool_turns = 20
@@ -85,6 +89,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         s.actor_optimizer.lr, s.actor_optimizer.grad_clip = 3e-5, 1.0
         s.critic_optimizer.lr = 1e-3
         r.mode, r.num_slots = "sync", 16
+        r.replica, r.param_dtype = ml_collections.ConfigDict(), ""  # one engine with the learner's fp32 weights
         r.max_tool_turns, r.max_total_tokens, r.max_turn_tokens = 4, 768, 192
         c.behaviour.malformed_strength = 0.25  # a malformed call costs a quarter of the reward
         c.devices = ml_collections.ConfigDict(dict(rollout=0, actor=0, critic=0))

@@ -26,6 +26,11 @@ others re-prefill.
     engine.release(2)                               # episode over: free the slot
 
 Weights: `update_weights(model, version)` between `step()` calls; every sampled token records its version.
+`weights_swap="chunk"` (default) swaps them at the next decode chunk: in-flight requests continue with the new
+weights. `weights_swap="request"` keeps every request on one version from its first token to its last: while new
+weights wait, no request is admitted; once the running ones have finished (parked caches do not count), the
+weights are swapped and admission resumes. The price is a drain: the replica idles its free slots until its
+longest running request ends.
 
 On a mesh (`mesh=`, `param_dtype=`): one rollout replica, its weights and cache sharded over the mesh's devices
 (sampler.py); `replicas.py` runs several such engines as one.
@@ -99,7 +104,12 @@ class Engine:
 
     def __init__(self, model: nnx.Module, *, num_slots: int, max_length: int, steps_per_sync: int = 8,
                  refill: bool = True, policy_version: int = 0, mesh: Mesh | None = None, param_dtype=None,
-                 hbm_gib: float | None = None):
+                 hbm_gib: float | None = None, weights_swap: str = "chunk"):
+        if weights_swap not in ("chunk", "request"):
+            raise ValueError(f"weights_swap {weights_swap!r} is not 'chunk' (at the next decode chunk) or 'request' "
+                             "(between requests: no request mixes versions)")
+        self.weights_swap = weights_swap
+        self._pending_weights = None  # (prepared params, version) waiting for the running requests to finish
         self.sampler = Sampler(model, num_slots=num_slots, max_length=max_length, policy_version=policy_version,
                                mesh=mesh, param_dtype=param_dtype, hbm_gib=hbm_gib)
         self.num_slots, self.max_length = num_slots, max_length
@@ -114,13 +124,29 @@ class Engine:
         self._seconds = 0.0
 
     def update_weights(self, model: nnx.Module, version: int | None = None) -> None:
-        """New weights (same structure) from the next prefill / decode chunk on; in-flight requests continue with
-        them. `version` defaults to the current one + 1; every token records the version that sampled it."""
-        self.sampler.update_weights(model, version)
+        """New weights (same structure; a model or its `nnx.State`): from the next prefill / decode chunk on
+        (`weights_swap="chunk"`), or from the first request admitted after the running ones finish ("request").
+        `version` defaults to the latest one + 1; every token records the version that sampled it."""
+        self.install_weights(self.sampler.prepare_weights(model), version)
+
+    def install_weights(self, prepared, version: int | None = None) -> None:
+        """`update_weights` with weights already cast and placed (`sampler.prepare_weights`)."""
+        latest = self._pending_weights[1] if self._pending_weights is not None else self.policy_version
+        version = latest + 1 if version is None else version
+        if self.weights_swap == "chunk" or not any(self.slots):  # nothing running: nothing to keep on one version
+            self.sampler.set_weights(prepared, version)
+            self._pending_weights = None
+        else:
+            self._pending_weights = (prepared, version)  # a later publish replaces a waiting one
 
     @property
     def policy_version(self) -> int:
         return self.sampler.policy_version
+
+    @property
+    def weights_waiting(self) -> bool:
+        """New weights wait for the running requests to finish (`weights_swap="request"`)."""
+        return self._pending_weights is not None
 
     def submit(self, request: Request) -> None:
         rid = request.request_id
@@ -166,6 +192,9 @@ class Engine:
         Returns what `collect_step` needs (None when no slot runs). Several engines on disjoint devices dispatch
         first and collect after, so their chunks run at the same time."""
         start = time.perf_counter()
+        if self._pending_weights is not None and not any(self.slots):
+            self.sampler.set_weights(*self._pending_weights)
+            self._pending_weights = None
         while self._admit() and not any(self.slots) and self.queue:
             pass  # every admitted request ended at its first token: admit again before decoding
         pending = None
@@ -204,7 +233,7 @@ class Engine:
 
     def _admit(self) -> int:
         """Start queued requests in free (or their parked) slots; returns how many were started."""
-        if not self.refill and any(self.slots):
+        if (not self.refill or self._pending_weights is not None) and any(self.slots):
             return 0
         deferred, started = collections.deque(), []
         while self.queue:

@@ -61,15 +61,15 @@ def row_shardings(row, mesh: Mesh):
 
 def rollout_weights(params: nnx.State, mesh: Mesh | None, dtype=None) -> nnx.State:
     """`params` cast to `dtype` (floating leaves; None keeps theirs) where they are, then moved to their layout on
-    `mesh` device to device (None: left where they are). The cast happens before the move, so an fp32 master
-    never lands whole on a rollout device."""
+    `mesh` device to device, as a copy of their own (None: left where they are). The cast happens before the
+    move, so an fp32 master never lands whole on a rollout device."""
     if dtype is not None:
         dtype = jnp.dtype(dtype)
         params = jax.jit(lambda p: jax.tree.map(
             lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, p))(params)
     if mesh is None:
         return params
-    return jax.device_put(params, param_shardings(params, mesh))
+    return jax.device_put(params, param_shardings(params, mesh), may_alias=False)
 
 
 def replica_meshes(devices: Sequence, replica_shape: Mapping[str, int]) -> list[Mesh]:

@@ -11,8 +11,10 @@ every replica's decode chunk before collecting any, so the replicas decode at th
 keyed by request id; a request's tokens depend only on (seed, request id, weights), not on its replica (sampling.py),
 so the episode runner and the async worker run over this as over one engine and produce one trajectory stream.
 
-`update_weights(model, version)` casts and moves the weights to every replica (device to device) before returning:
-the next decode chunk of every replica uses them, and every token records the version that sampled it.
+`update_weights(model, version)` casts and moves the weights to every replica (device to device) before returning.
+By default (`weights_swap="request"`) a replica swaps them once its running requests have finished, admitting no
+new request meanwhile, so no request mixes two versions; each replica swaps on its own, so the others keep
+sampling. Every token records the version that sampled it.
 """
 from __future__ import annotations
 
@@ -29,12 +31,12 @@ class ReplicatedEngine:
 
     def __init__(self, model: nnx.Module, *, meshes: Sequence[Mesh], num_slots: int, max_length: int,
                  steps_per_sync: int = 8, refill: bool = True, policy_version: int = 0, param_dtype=None,
-                 hbm_gib: float | None = None, make_engine: Callable = Engine):
+                 hbm_gib: float | None = None, weights_swap: str = "request", make_engine: Callable = Engine):
         if not meshes:
             raise ValueError("ReplicatedEngine needs at least one replica mesh (rollout.replica_meshes)")
         self.engines = [make_engine(model, num_slots=num_slots, max_length=max_length, steps_per_sync=steps_per_sync,
                                     refill=refill, policy_version=policy_version, mesh=mesh, param_dtype=param_dtype,
-                                    hbm_gib=hbm_gib)
+                                    hbm_gib=hbm_gib, weights_swap=weights_swap)
                         for mesh in meshes]
         self.results: dict[int, Sample] = {}
         for engine in self.engines:
@@ -77,9 +79,19 @@ class ReplicatedEngine:
         return sample
 
     def update_weights(self, model: nnx.Module, version: int | None = None) -> None:
-        version = self.policy_version + 1 if version is None else version
-        for engine in self.engines:
-            engine.update_weights(model, version)
+        self.install_weights(self.prepare_weights(model), version)
+
+    def prepare_weights(self, model) -> list:
+        """`model`'s weights (a model or its `nnx.State`) cast and moved into every replica's layout, device to
+        device: copies of their own, so the caller may donate what it passed once this returns."""
+        return [engine.sampler.prepare_weights(model) for engine in self.engines]
+
+    def install_weights(self, prepared: list, version: int | None = None) -> None:
+        """Hand each replica its prepared weights; each swaps them by its `weights_swap` rule, on its own."""
+        latest = max(e._pending_weights[1] if e.weights_waiting else e.policy_version for e in self.engines)
+        version = latest + 1 if version is None else version
+        for engine, params in zip(self.engines, prepared):
+            engine.install_weights(params, version)
 
     def run(self) -> dict[int, Sample]:
         while self.step():

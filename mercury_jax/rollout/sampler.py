@@ -82,11 +82,25 @@ class Sampler:
 
     def update_weights(self, model: nnx.Module, version: int | None = None) -> None:
         """Sample with `model`'s weights from the next call on; `version` defaults to the current one + 1."""
-        graphdef, params = nnx.split(model)
-        if graphdef != self.graphdef:
-            raise ValueError("update_weights needs a model of the same structure as the sampler's (same config); "
-                             "build a new Sampler/Engine for a different model")
-        params = rollout_weights(params, self.mesh, self.param_dtype)  # cast where they are, then device to device
+        self.set_weights(self.prepare_weights(model), version)
+
+    def prepare_weights(self, model) -> nnx.State:
+        """`model`'s weights (a model, or the `nnx.State` of one, of the sampler's structure) cast to the rollout
+        dtype where they are and moved into the sampler's layout, device to device; on a mesh always a copy of
+        their own, so the caller may donate or delete what it passed."""
+        if isinstance(model, nnx.Module):
+            graphdef, params = nnx.split(model)
+            same = graphdef == self.graphdef
+        else:
+            params = model
+            same = jax.tree.structure(params) == jax.tree.structure(self._weights[0])
+        if not same:
+            raise ValueError("new weights need the same structure as the sampler's model (same config; a whole "
+                             "nnx.state(model)); build a new Sampler/Engine for a different model")
+        return rollout_weights(params, self.mesh, self.param_dtype)  # cast where they are, then device to device
+
+    def set_weights(self, params: nnx.State, version: int | None = None) -> None:
+        """Sample with `prepare_weights`' output from the next call on (version: default the current one + 1)."""
         self._weights = (params, self.policy_version + 1 if version is None else version)
 
     def init_state(self) -> dict:

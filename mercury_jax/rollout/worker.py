@@ -9,7 +9,10 @@ trajectory goes to the learner's queue at once (no group barrier, no waiting for
     worker.stop()                                   # re-raises the worker's exception, if any
 
 The worker owns a copy of the model (placed, replicated, on the mesh of `devices` when given; `copy_model=False`
-hands it the model itself, e.g. one already built on its devices) and one `Engine`.
+hands it the model itself, e.g. one already built on its devices) and one `Engine`. With `replicas=` (meshes,
+`layout.replica_meshes`) it runs a `ReplicatedEngine` instead: `num_slots` split evenly over the replicas, weights
+cast to `param_dtype` and sharded per replica, a publish cast and moved device to device into every replica's
+layout before `publish` returns, and swapped by each replica between requests (no request mixes versions).
 At most `num_slots` episodes are in flight; an episode keeps its place until its trajectory is in the (bounded)
 queue, so a slow learner slows the rollouts instead of piling up finished trajectories. Published weights are
 swapped in between decode chunks: in-flight episodes continue, and tokens sampled after the swap carry the new
@@ -38,6 +41,7 @@ from mercury_jax.chat.tokenizer import Tokenizer
 from mercury_jax.rollout.engine import Engine
 from mercury_jax.rollout.episode import Budgets, EpisodeRunner, SamplingParams
 from mercury_jax.rollout.failures import EnvironmentFailure, EpisodeFailure
+from mercury_jax.rollout.replicas import ReplicatedEngine
 from mercury_jax.rollout.trajectory import Trajectory
 
 
@@ -48,19 +52,32 @@ class RolloutWorker:
                  max_length: int | None = None, steps_per_sync: int = 8, budgets: Budgets = Budgets(),
                  sampling: SamplingParams = SamplingParams(), queue_size: int = 1024,
                  out_queue: queue.Queue | None = None, devices=None, policy_version: int = 0,
-                 first_episode_id: int = 0, copy_model: bool = True, make_engine=Engine, **runner_options):
+                 first_episode_id: int = 0, copy_model: bool = True, make_engine=Engine, replicas=None,
+                 param_dtype=None, hbm_gib: float | None = None, **runner_options):
         self.sharding = None
-        if devices is not None:
-            self.sharding = NamedSharding(Mesh(np.asarray(list(devices)), ("replica",)), PartitionSpec())
-        self.model = nnx.clone(model) if copy_model else model  # copy_model=False: `model` is the worker's own
-        if self.sharding is not None:
-            nnx.update(self.model, jax.device_put(nnx.state(self.model), self.sharding))
-        # where every weight lives: published weights (e.g. from the learner's mesh) are moved here on the swap
-        self._placement = jax.tree.map(lambda x: x.sharding, nnx.state(self.model))
-        self.engine = make_engine(self.model, num_slots=num_slots, max_length=max_length or budgets.max_total_tokens,
-                             steps_per_sync=steps_per_sync, policy_version=policy_version)
-        if self.sharding is not None:
-            self.engine.state = jax.device_put(self.engine.state, self.sharding)
+        max_length = max_length or budgets.max_total_tokens
+        if replicas is not None:
+            if num_slots % len(replicas):
+                raise ValueError(f"{num_slots} rollout slots do not split evenly over {len(replicas)} replicas; make "
+                                 "rollout.num_slots a multiple of the replica count")
+            self.model = model  # each replica casts and places its own copy
+            self._placement = None
+            self.engine = ReplicatedEngine(model, meshes=replicas, num_slots=num_slots // len(replicas),
+                                           max_length=max_length, steps_per_sync=steps_per_sync,
+                                           policy_version=policy_version, param_dtype=param_dtype, hbm_gib=hbm_gib,
+                                           make_engine=make_engine)
+        else:
+            if devices is not None:
+                self.sharding = NamedSharding(Mesh(np.asarray(list(devices)), ("replica",)), PartitionSpec())
+            self.model = nnx.clone(model) if copy_model else model  # copy_model=False: `model` is the worker's own
+            if self.sharding is not None:
+                nnx.update(self.model, jax.device_put(nnx.state(self.model), self.sharding))
+            # where every weight lives: published weights (e.g. from the learner's mesh) are moved here on the swap
+            self._placement = jax.tree.map(lambda x: x.sharding, nnx.state(self.model))
+            self.engine = make_engine(self.model, num_slots=num_slots, max_length=max_length,
+                                      steps_per_sync=steps_per_sync, policy_version=policy_version)
+            if self.sharding is not None:
+                self.engine.state = jax.device_put(self.engine.state, self.sharding)
         self.runner = EpisodeRunner(self.engine, tokenizer, budgets=budgets, sampling=sampling,
                                     before_step=self._apply_published, **runner_options)
         self.queue: queue.Queue[Trajectory] = out_queue if out_queue is not None else queue.Queue(queue_size)
@@ -131,6 +148,11 @@ class RolloutWorker:
         next step donating its parameters while the swap still waits for the end of a decode chunk."""
         if isinstance(params_state, nnx.Module):
             params_state = nnx.state(params_state)
+        if self._placement is None:  # replicas: cast and moved into every replica's layout now
+            prepared = self.engine.prepare_weights(params_state)
+            with self._lock:
+                self._published = (prepared, int(version))
+            return
         placement = dict(jax.tree_util.tree_flatten_with_path(self._placement)[0])
         paths, treedef = jax.tree_util.tree_flatten_with_path(params_state)
         unknown = [jax.tree_util.keystr(path) for path, _ in paths if path not in placement]
@@ -226,6 +248,9 @@ class RolloutWorker:
             published, self._published = self._published, None
         if published is not None:
             state, version = published
-            nnx.update(self.model, state)  # the worker's own copy, already placed by `publish`
-            self.engine.update_weights(self.model, version)
+            if self._placement is None:
+                self.engine.install_weights(state, version)  # each replica swaps between its requests
+            else:
+                nnx.update(self.model, state)  # the worker's own copy, already placed by `publish`
+                self.engine.update_weights(self.model, version)
             self._publishes += 1

@@ -92,7 +92,8 @@ class PivotGrpo:
         self.rollouts = Rollouts(model, tokenizer, mesh=self.meshes["rollout"], num_slots=self.rcfg.num_slots,
                                  budgets=one_turn, sampling=setup.rollout_sampling(self.rcfg, config.seed),
                                  reward=seams.reward or StopVerifierReward(tokenizer, rules),
-                                 make_engine=seams.make_engine, runner_options={"episode_factory": PrefixEpisode})
+                                 make_engine=seams.make_engine, runner_options={"episode_factory": PrefixEpisode},
+                                 **setup.rollout_replicas(self.rcfg))
         states = seams.tasks("train") if seams.tasks else self.pivot_states()
         self.stream = TaskStream(states, config.seed)
 

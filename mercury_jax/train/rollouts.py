@@ -1,5 +1,10 @@
 """The rollout side of a run: episodes sampled with the weights the learner last published.
 
+With `replica` (one replica's mesh shape, config `rollout.replica`) the engine is a `ReplicatedEngine` over the
+rollout devices instead: R = devices / replica size replicas, `num_slots / R` slots each, weights cast to
+`param_dtype` and published device to device into every replica's layout (a replica swaps them between its
+requests). Without it, as follows.
+
 Sync mode: one `Engine` on the first rollout device; `run(tasks, first_episode_id)` samples a batch with the
 latest weights (episode e of the run is request block e with the run's seed, so a resumed run samples the same
 tokens). Async mode: a `RolloutWorker` over the rollout devices keeps generating from a `TaskStream` in the
@@ -20,6 +25,8 @@ from flax import nnx
 from mercury_jax.rollout.engine import Engine
 from mercury_jax.rollout.episode import Budgets, EpisodeRunner, SamplingParams
 from mercury_jax.rollout.failures import trainable
+from mercury_jax.rollout.layout import replica_meshes
+from mercury_jax.rollout.replicas import ReplicatedEngine
 from mercury_jax.rollout.trajectory import Trajectory
 from mercury_jax.rollout.worker import RolloutWorker
 from mercury_jax.train.checkpoints import Checkpointer
@@ -39,7 +46,8 @@ class Seams:
 class Rollouts:
     def __init__(self, model: nnx.Module, tokenizer, *, mesh, num_slots: int, budgets: Budgets,
                  sampling: SamplingParams, reward: Callable | None, mode: str = "sync", version: int = 0,
-                 make_engine: Callable = Engine, max_staleness: int = 0, queue_size: int = 64, runner_options=None):
+                 make_engine: Callable = Engine, max_staleness: int = 0, queue_size: int = 64, runner_options=None,
+                 replica=None, param_dtype=None):
         if mode not in ("sync", "async"):
             raise ValueError(f"rollout.mode {mode!r} is not 'sync' or 'async'")
         self.devices = list(mesh.devices.flat)
@@ -47,8 +55,15 @@ class Rollouts:
         self.mode, self.version, self.max_staleness, self.queue_size = mode, version, max_staleness, queue_size
         self.make_engine, self.num_slots = make_engine, num_slots
         self.runner_options = dict(runner_options or {})
-        self.engine = make_engine(device_copy(model, self.devices[0]), num_slots=num_slots,
-                                  max_length=budgets.max_total_tokens, policy_version=version)
+        self.replicas = replica_meshes(self.devices, replica) if replica else None
+        self.param_dtype = param_dtype
+        if self.replicas is None:
+            self.engine = make_engine(device_copy(model, self.devices[0]), num_slots=num_slots,
+                                      max_length=budgets.max_total_tokens, policy_version=version)
+        else:
+            self.engine = ReplicatedEngine(model, meshes=self.replicas, num_slots=num_slots // len(self.replicas),
+                                           max_length=budgets.max_total_tokens, policy_version=version,
+                                           param_dtype=param_dtype, make_engine=make_engine)
         self.runner = self.evaluator(sampling.seed)
         self.worker: RolloutWorker | None = None
         self._latest = model  # the learner's model: the worker starts from it, evaluations sync the engine to it
@@ -74,8 +89,10 @@ class Rollouts:
                                    f"(failures: {list(self.runner.failures)[-3:]}); check the MCP servers")
             return kept, 0, env_dropped
         if self.worker is None:
+            replicated = self.replicas is not None
             self.worker = RolloutWorker(
-                device_copy(self._latest, self.devices[0]), self.tokenizer, stream.forever(),
+                self._latest if replicated else device_copy(self._latest, self.devices[0]), self.tokenizer,
+                stream.forever(), replicas=self.replicas, param_dtype=self.param_dtype,
                 num_slots=self.num_slots, max_length=self.budgets.max_total_tokens, budgets=self.budgets,
                 sampling=self.sampling, devices=self.devices, policy_version=self.version,
                 queue_size=self.queue_size,  # bounds how far rollouts run ahead of the learner
@@ -98,14 +115,19 @@ class Rollouts:
         """New weights: copied onto the rollout devices before this returns (the learner may donate its arrays)."""
         self._latest, self.version = model, version
         if self.worker is None:
-            self.engine.update_weights(device_copy(model, self.devices[0]), version)
+            self.engine.update_weights(self._on_rollout_devices(model), version)
         else:
             self.worker.publish(nnx.state(model), version)
 
     def sync_engine(self) -> None:
         """Async mode: the worker holds the live weights; bring the shared engine up to date (before evaluating)."""
         if self.engine.policy_version != self.version:
-            self.engine.update_weights(device_copy(self._latest, self.devices[0]), self.version)
+            self.engine.update_weights(self._on_rollout_devices(self._latest), self.version)
+
+    def _on_rollout_devices(self, model: nnx.Module):
+        """What the engine's `update_weights` takes: replicas cast and move the weights themselves (device to
+        device); the single engine takes a copy on the first rollout device."""
+        return model if self.replicas is not None else device_copy(model, self.devices[0])
 
     def stop(self) -> None:
         if self.worker is not None:

@@ -85,7 +85,8 @@ class Sao:
                                  budgets=setup.rollout_budgets(self.rcfg),
                                  sampling=setup.rollout_sampling(self.rcfg, config.seed), reward=reward,
                                  mode=self.rcfg.mode, make_engine=seams.make_engine,
-                                 max_staleness=self.cfg.max_staleness, queue_size=self.cfg.batch_prompts)
+                                 max_staleness=self.cfg.max_staleness, queue_size=self.cfg.batch_prompts,
+                                 **setup.rollout_replicas(self.rcfg))
         self.eval_runner = self.rollouts.evaluator(config.seed + EVAL_SEED_OFFSET)
 
     # -- what the loop checkpoints --

@@ -127,6 +127,12 @@ def behaviour(config: ml_collections.ConfigDict):
     return BehaviourConfig(**config.behaviour.to_dict()) if "behaviour" in config else BehaviourConfig()
 
 
+def rollout_replicas(rollout: ml_collections.ConfigDict) -> dict:
+    """`Rollouts`' replica options from a config's `rollout` section: `replica` (one replica's mesh shape; empty:
+    a single engine) and `param_dtype` (the rollout weights' dtype; "" keeps the learner's)."""
+    return {"replica": dict(rollout.get("replica", {}) or {}), "param_dtype": rollout.get("param_dtype", "") or None}
+
+
 def rollout_sampling(rollout: ml_collections.ConfigDict, seed: int):
     """The sampling parameters of a config's `rollout` section with the stream's `seed`."""
     return SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, seed=seed)

@@ -5,16 +5,18 @@ this adds the cross-field rules and names the field and the fix in each message.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import jax
 import ml_collections
 
 from mercury_jax.envs.browse.stop_verifier import STOP_RULES
+from mercury_jax.parallel import MESH_AXES
 from mercury_jax.rl.aggregation import LOSS_AGG_MODES
 from mercury_jax.train.guards import NonFiniteGuard
 from mercury_jax.train.pivot_data import SOURCES
-from mercury_jax.train.placement import role_mesh_sizes, row_shards
+from mercury_jax.train.placement import role_devices, role_mesh_sizes, row_shards
 from models.qwen35_moe.config import ATTENTION_IMPLS, GDN_IMPLS, MOE_IMPLS, REMAT_POLICIES
 
 REQUIRED = {
@@ -111,6 +113,27 @@ def _check_device_groups(config) -> None:
     if total > jax.device_count():
         raise ConfigError(f"config.devices {groups} needs {total} devices but {jax.device_count()} exist; shrink "
                           f"the groups (e.g. --config.devices.rollout=1)")
+    _check_rollout_replicas(config)
+
+
+def _check_rollout_replicas(config) -> None:
+    """`rollout.replica` (one replica's mesh shape; empty: one engine) must split the rollout group evenly, and
+    `rollout.num_slots` must split evenly over the replicas."""
+    rollout = config.get("rollout")
+    replica = dict(rollout.get("replica", {}) or {}) if rollout is not None else {}
+    if not replica:
+        return
+    unknown = set(replica) - set(MESH_AXES)
+    if unknown or any(not isinstance(s, int) or s < 1 for s in replica.values()):
+        raise ConfigError(f"rollout.replica {replica}: name axes of {MESH_AXES} with sizes >= 1 (no -1)")
+    size, group = math.prod(replica.values()), role_devices(config, "rollout")
+    if group % size:
+        raise ConfigError(f"rollout.replica {replica} ({size} devices) does not divide the rollout group of {group} "
+                          f"device(s); pick a replica size that divides devices.rollout")
+    replicas = group // size
+    if rollout.num_slots % replicas:
+        raise ConfigError(f"rollout.num_slots {rollout.num_slots} does not split over {replicas} replicas "
+                          f"({group} rollout devices / {size} per replica); make it a multiple of {replicas}")
 
 
 def _row_shards(config, role: str) -> tuple[int, dict]:

@@ -1,0 +1,160 @@
+"""Ahead-of-time compile one rollout replica's decode (and prefill) programs for TPU; memory, layout, roofline.
+
+The released rollout group is R identical replicas (`rollout.replica`, e.g. tensor=8 -> 8 replicas of 8 chips on
+64 chips), so one replica's programs on a topology of the replica's size say what every chip of the group holds.
+The programs are the engine's own (`rollout/sampler.py`): `decode` (`--steps` T = 1 steps for every slot, state
+donated) and `prefill` (one slot's row advanced by `--prefill-tokens` tokens), traced under the replica's mesh
+with its bf16 weights and its sharded decode state (`rollout/layout.py`), from abstract shapes: nothing is
+allocated, nothing runs on a TPU. Prints per program `compiled.memory_analysis()` per chip, compile seconds,
+XLA's cost analysis and a v5p roofline; the decode roofline (bytes accessed / HBM bandwidth per step) gives the
+group's decode tokens/s as R x slots / step time, an upper bound. Needs libtpu:
+
+    PYTHONPATH=<libtpu dir>:. JAX_PLATFORMS=cpu python -m mercury_jax.bench.rollout_aot
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")  # a single-host topology; silences libtpu's probe
+
+import argparse  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from flax import nnx  # noqa: E402
+from jax.experimental import topologies  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
+
+from mercury_jax.bench.report import V5P_HBM_BYTES_PER_S, cost_and_roofline, markdown_table, write_section  # noqa: E402
+from mercury_jax.parallel import make_mesh, variable_sharding  # noqa: E402
+from mercury_jax.rollout.layout import row_shardings, state_shardings  # noqa: E402
+from mercury_jax.rollout.sampler import MAX_STOP_IDS, _compiled  # noqa: E402
+from mercury_jax.rollout.sizing import replica_memory  # noqa: E402
+from models.qwen35_moe import Qwen35MoeForCausalLM  # noqa: E402
+from models.qwen35_moe.config import PRESETS  # noqa: E402
+
+GIB = 2 ** 30
+
+
+def abstract_replica(preset: str, topology: str, replica: dict, slots: int, max_length: int, param_dtype: str):
+    """(graphdef, abstract bf16 params and decode state laid out on the replica's mesh, the mesh)."""
+    devices = topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
+    mesh = make_mesh(replica, devices=devices)
+    cfg = PRESETS[preset](dtype="bfloat16", param_dtype="float32")
+    model = nnx.eval_shape(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(model)
+    dtype = jnp.dtype(param_dtype)
+    cast = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, dtype if jnp.issubdtype(a.dtype, jnp.floating)
+                                                       else a.dtype), state)
+    params = nnx.from_flat_state([
+        (path, v.replace(jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=variable_sharding(path, v, mesh))))
+        for path, v in nnx.to_flat_state(cast)])
+
+    def empty_state():
+        return {"cache": model.init_cache(slots, max_length), "last_token": jnp.zeros((slots,), jnp.int32),
+                "active": jnp.zeros((slots,), bool), "num_generated": jnp.zeros((slots,), jnp.int32),
+                "limit": jnp.zeros((slots,), jnp.int32), "request_id": jnp.zeros((slots,), jnp.int32),
+                "seed": jnp.zeros((slots,), jnp.int32), "temperature": jnp.ones((slots,), jnp.float32),
+                "top_k": jnp.zeros((slots,), jnp.int32), "top_p": jnp.ones((slots,), jnp.float32),
+                "stop_ids": jnp.full((slots, MAX_STOP_IDS), -1, jnp.int32)}
+
+    shapes = jax.eval_shape(empty_state)
+    decode_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes,
+                                state_shardings(shapes, mesh))
+    row = jax.eval_shape(lambda: model.init_cache(1, max_length))
+    row_shapes = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), row,
+                              row_shardings(row, mesh))
+    return graphdef, params, decode_state, row_shapes, mesh, cast, shapes
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="qwen3.5-35b-a3b", choices=sorted(PRESETS))
+    parser.add_argument("--topology", default="v5p:2x2x2", help="one replica's chips")
+    parser.add_argument("--replica", default="tensor:8", help="axis:size/axis:size, one replica's mesh")
+    parser.add_argument("--group-chips", type=int, default=64, help="chips of the rollout group (R = group / replica)")
+    parser.add_argument("--slots", type=int, default=128, help="slots of the whole group (num_slots)")
+    parser.add_argument("--max-length", type=int, default=24576)
+    parser.add_argument("--steps", type=int, default=8, help="decode steps per program (steps_per_sync)")
+    parser.add_argument("--prefill-tokens", type=int, default=8192, help="0: skip the prefill program")
+    parser.add_argument("--param-dtype", default="bfloat16")
+    parser.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
+    args = parser.parse_args()
+    replica = {k: int(v) for k, v in (item.split(":") for item in args.replica.split("/"))}
+    per_replica = 1
+    for size in replica.values():
+        per_replica *= size
+    replicas = args.group_chips // per_replica
+    slots = args.slots // replicas
+    graphdef, params, state, row_shapes, mesh, cast, shapes = abstract_replica(
+        args.preset, args.topology, replica, slots, args.max_length, args.param_dtype)
+    sizing = replica_memory(cast, shapes, mesh)
+    print(f"{replicas} replicas x {per_replica} chips {replica}, {slots} slots each; weights "
+          f"{sizing['weights_gib']:.2f} GiB + decode state {sizing['state_gib']:.2f} GiB per chip", flush=True)
+    prefill_row, decode, _, _ = _compiled(graphdef, args.max_length, mesh)
+    programs = {"decode": lambda: decode.lower(params, state, args.steps)}
+    if args.prefill_tokens:
+        whole = NamedSharding(mesh, PartitionSpec())
+        scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=whole)  # noqa: E731
+        request = {"reset": scalar(bool), "limit": scalar(jnp.int32), "request_id": scalar(jnp.int32),
+                   "seed": scalar(jnp.int32), "temperature": scalar(jnp.float32), "top_k": scalar(jnp.int32),
+                   "top_p": scalar(jnp.float32),
+                   "stop_ids": jax.ShapeDtypeStruct((MAX_STOP_IDS,), jnp.int32, sharding=whole)}
+        ids = jax.ShapeDtypeStruct((1, args.prefill_tokens), jnp.int32, sharding=whole)
+        programs["prefill"] = lambda: prefill_row.lower(params, row_shapes, ids, scalar(jnp.int32), request)
+    rows, decode_step_s = [], None
+    for name, lower in programs.items():
+        start = time.perf_counter()
+        try:
+            compiled = lower().compile()
+        except Exception as error:  # a refused compile (e.g. over HBM) is a result, reported in the table
+            message = " ".join(str(error).split())[:300]
+            print(f"{name}: FAILED: {type(error).__name__}: {message}", flush=True)
+            rows.append([name, f"failed: {type(error).__name__}: {message}"] + [""] * 6)
+            continue
+        seconds = time.perf_counter() - start
+        memory = compiled.memory_analysis()
+        total = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
+                 - memory.alias_size_in_bytes)
+        flops, nbytes, roofline_s, bound = cost_and_roofline(compiled)
+        if name == "decode":
+            decode_step_s = nbytes / V5P_HBM_BYTES_PER_S / args.steps
+        rows.append([name, f"{memory.argument_size_in_bytes / GIB:.2f}", f"{memory.temp_size_in_bytes / GIB:.2f}",
+                     f"{total / GIB:.2f}", f"{seconds:.0f}", f"{flops / 1e12:.3f}", f"{nbytes / GIB:.2f}",
+                     f"{roofline_s * 1e3:.1f} ({bound})"])
+        print(rows[-1], flush=True)
+    headers = ["program", "arguments GiB/chip", "temp GiB/chip", "total GiB/chip", "compile s", "TFLOP/chip",
+               "GiB accessed/chip", "roofline ms (bound)"]
+    table = markdown_table(headers, rows)
+    estimate = ""
+    if decode_step_s:
+        group_tps = replicas * slots / decode_step_s
+        estimate = (f"Decode roofline: {decode_step_s * 1e3:.2f} ms per step (bytes accessed / HBM bandwidth), so "
+                    f"{slots / decode_step_s:,.0f} tokens/s per replica and {group_tps:,.0f} tokens/s for the group "
+                    f"of {args.group_chips} chips with every slot busy: an upper bound (no overlap losses, no "
+                    f"prefills, no host sync between chunks).")
+    print(table)
+    print(estimate)
+    if args.write:
+        command = (f"PYTHONPATH=<libtpu dir>:. JAX_PLATFORMS=cpu python -m mercury_jax.bench.rollout_aot --preset "
+                   f"{args.preset} --topology {args.topology} --replica {args.replica} --group-chips "
+                   f"{args.group_chips} --slots {args.slots} --max-length {args.max_length} --steps {args.steps} "
+                   f"--prefill-tokens {args.prefill_tokens} --param-dtype {args.param_dtype} --write")
+        body = (f"One rollout replica of `{args.preset}`: {per_replica} chips of `{args.topology}` as mesh {replica}, "
+                f"{replicas} such replicas on the {args.group_chips}-chip rollout group, {slots} slots x "
+                f"{args.max_length} tokens each ({args.slots} in all), {args.param_dtype} weights. Layout "
+                f"(`rollout/layout.py`): weights by their logical names, decode state with slots over "
+                f"(data, fsdp, expert) and heads over tensor where the sizes divide. By shapes and layouts "
+                f"(`rollout/sizing.py`) a chip holds {sizing['weights_gib']:.2f} GiB of weights and "
+                f"{sizing['state_gib']:.2f} GiB of decode state. The engine's own programs (`rollout/sampler.py`), "
+                f"compiled ahead of time on a CPU host with libtpu: `decode` ({args.steps} steps for every slot, "
+                f"state donated) and `prefill` (one slot's row advanced by {args.prefill_tokens} tokens). Memory is "
+                f"`compiled.memory_analysis()` per chip (total = arguments + outputs + temporaries - aliased). "
+                f"Nothing ran on a TPU.\n\n" + table + "\n\n" + estimate)
+        write_section("rollout_aot", "Rollout replica: decode and prefill, TPU ahead-of-time compile", body, command)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Weights published while replicas sample: no request mixes two versions (`weights_swap="request"`), and an
+async worker over 2 replicas queues every one of 500 episodes exactly once across a publish every few decode
+chunks; the config checks of `rollout.replica`."""
+from __future__ import annotations
+
+import jax
+import ml_collections
+import pytest
+from flax import nnx
+from test_rollout_episode import ENTERPRISE, REAL_BUDGETS, REAL_SAMPLING, chatty_model, tokenizer  # noqa: F401
+
+from mercury_jax.rollout import Engine, Request, replica_meshes
+from mercury_jax.rollout.worker import RolloutWorker
+from mercury_jax.train.validate import ConfigError, validate_config
+from models.qwen35_moe import Qwen35MoeForCausalLM
+from models.qwen35_moe import config as C
+
+EPISODES = 500
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):  # noqa: F811
+    return chatty_model(tokenizer)
+
+
+def test_request_swap_keeps_each_request_on_one_version():
+    """Two running requests keep version 0 to their last token after a publish; a request submitted after the
+    publish waits for them (no admission while weights wait) and runs wholly on version 5."""
+    tiny = Qwen35MoeForCausalLM(C.tiny(vocab_size=80, num_hidden_layers=4), rngs=nnx.Rngs(3))
+    newer = Qwen35MoeForCausalLM(C.tiny(vocab_size=80, num_hidden_layers=4), rngs=nnx.Rngs(4))
+    engine = Engine(tiny, num_slots=4, max_length=48, steps_per_sync=4, weights_swap="request")
+    engine.submit(Request(0, [1, 2, 3], max_new_tokens=20, temperature=0.0))
+    engine.submit(Request(1, [4, 5], max_new_tokens=13, temperature=0.0))
+    engine.step()
+    engine.update_weights(newer, version=5)
+    assert engine.weights_waiting and engine.policy_version == 0
+    engine.submit(Request(2, [6, 7, 8], max_new_tokens=6, temperature=0.0))
+    engine.step()
+    assert engine.slots[2] is None and len(engine.queue) == 1  # free slots, but no admission while weights wait
+    results = engine.run()
+    assert results[0].policy_versions == [0] * 20 and results[1].policy_versions == [0] * 13
+    assert results[2].policy_versions == [5] * 6 and not engine.weights_waiting
+    fresh = Engine(newer, num_slots=4, max_length=48)
+    fresh.submit(Request(2, [6, 7, 8], max_new_tokens=6, temperature=0.0))
+    assert fresh.run()[2].tokens == results[2].tokens  # really sampled with the new weights
+    idle = Engine(tiny, num_slots=2, max_length=48, weights_swap="request")
+    idle.update_weights(newer, version=9)  # nothing running: swapped at once
+    assert idle.policy_version == 9 and not idle.weights_waiting
+
+
+@pytest.mark.slow
+def test_worker_over_replicas_queues_every_episode_once_across_publishes(model, tokenizer):  # noqa: F811
+    tasks = [{**ENTERPRISE[k % len(ENTERPRISE)], "task_id": f"e{k}"} for k in range(EPISODES)]
+    meshes = replica_meshes(jax.devices()[:4], {"tensor": 2})
+    worker = RolloutWorker(model, tokenizer, iter(tasks), num_slots=8, budgets=REAL_BUDGETS, sampling=REAL_SAMPLING,
+                           steps_per_sync=4, replicas=meshes, param_dtype="bfloat16", queue_size=16)
+    assert worker.engine.num_replicas == 2 and worker.engine.num_slots == 8
+    published, step = [], worker.engine.step
+
+    def step_and_publish():  # from inside the worker's driver: a publish every 5th engine step
+        more = step()
+        if len(published) < 40 and worker.engine.engines[0]._decode_steps // 20 > len(published):
+            published.append(len(published) + 1)
+            worker.publish(nnx.state(model), version=published[-1])
+        return more
+
+    worker.engine.step = step_and_publish
+    worker.start()
+    received = []
+    while True:
+        try:
+            received.append(worker.get(timeout=300))
+        except RuntimeError:  # ended, queue drained
+            break
+    worker.join()
+    ids = [t.task_id for t in received]
+    assert len(ids) == EPISODES and sorted(ids) == sorted(t["task_id"] for t in tasks)  # in == out, no duplicates
+    assert worker.stats()["publishes"] >= 5, worker.stats()
+    versions_seen, mixed_turns = set(), 0
+    for trajectory in received:
+        turn = []  # the versions of one assistant turn (one request) in a row of sampled tokens
+        for version, sampled in zip(trajectory.policy_versions + [-1], trajectory.action_mask + [0]):
+            if sampled:
+                turn.append(version)
+                continue
+            if turn:
+                mixed_turns += len(set(turn)) > 1
+                versions_seen.update(turn)
+                turn = []
+    assert mixed_turns == 0
+    assert len(versions_seen) >= 3, versions_seen  # the publishes were really sampled with
+    weights = worker.engine.engines[1].sampler._weights[0]
+    assert {leaf.dtype.name for leaf in jax.tree.leaves(weights)} == {"bfloat16"}
+    assert {d for leaf in jax.tree.leaves(weights) for d in leaf.sharding.device_set} == set(meshes[1].devices.flat)
+
+
+def test_rollout_replica_config_must_split_the_group_and_the_slots():
+    from experiments.sao import get_config
+
+    config = get_config("tiny")
+    config.devices = ml_collections.ConfigDict(dict(rollout=4, actor=2, critic=2))
+    config.sao.batch_prompts = 4
+    config.rollout.replica = ml_collections.ConfigDict(dict(tensor=3))
+    with pytest.raises(ConfigError, match=r"rollout.replica \{'tensor': 3\} \(3 devices\) does not divide the "
+                                          r"rollout group of 4"):
+        validate_config(config)
+    config.rollout.replica = ml_collections.ConfigDict(dict(tensor=1))
+    config.rollout.num_slots = 6
+    with pytest.raises(ConfigError, match=r"rollout.num_slots 6 does not split over 4 replicas"):
+        validate_config(config)
+    config.rollout.num_slots = 8
+    validate_config(config)
