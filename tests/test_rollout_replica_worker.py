@@ -110,3 +110,24 @@ def test_rollout_replica_config_must_split_the_group_and_the_slots():
         validate_config(config)
     config.rollout.num_slots = 8
     validate_config(config)
+
+
+def test_sync_rollouts_sample_over_replicas_and_publish_into_each(model, tokenizer):  # noqa: F811
+    """The trainers' `Rollouts` with `replica=`: a batch sampled over 2 replicas of the 4-device rollout group, a
+    publish cast to bf16 and placed into both replicas (idle: swapped at once), the next batch on the new version."""
+    from mercury_jax.parallel import make_mesh
+    from mercury_jax.train.rollouts import Rollouts
+
+    group = make_mesh({"fsdp": 4}, devices=jax.devices()[4:8])
+    rollouts = Rollouts(model, tokenizer, mesh=group, num_slots=4, budgets=REAL_BUDGETS, sampling=REAL_SAMPLING,
+                        reward=None, replica={"tensor": 2}, param_dtype="bfloat16")
+    assert rollouts.engine.num_replicas == 2 and rollouts.engine.slots_per_replica == 2
+    first = rollouts.run(ENTERPRISE[:4], first_episode_id=0)
+    assert len(first) == 4 and all(v in (-1, 0) for t in first for v in t.policy_versions)
+    rollouts.publish(model, version=1)
+    assert [e.policy_version for e in rollouts.engine.engines] == [1, 1]
+    second = rollouts.run(ENTERPRISE[:4], first_episode_id=4)
+    assert {v for t in second for v, m in zip(t.policy_versions, t.action_mask) if m} == {1}
+    devices = {d for e in rollouts.engine.engines for leaf in jax.tree.leaves(e.sampler._weights[0])
+               for d in leaf.sharding.device_set}
+    assert devices == set(jax.devices()[4:8])
