@@ -8,6 +8,7 @@ import ml_collections
 import pytest
 from flax import nnx
 from test_rollout_episode import ENTERPRISE, REAL_BUDGETS, REAL_SAMPLING, chatty_model, tokenizer  # noqa: F401
+from test_rollout_worker import drain
 
 from mercury_jax.rollout import Engine, Request, replica_meshes
 from mercury_jax.rollout.worker import RolloutWorker
@@ -66,12 +67,7 @@ def test_worker_over_replicas_queues_every_episode_once_across_publishes(model, 
 
     worker.engine.step = step_and_publish
     worker.start()
-    received = []
-    while True:
-        try:
-            received.append(worker.get(timeout=300))
-        except RuntimeError:  # ended, queue drained
-            break
+    received = drain(worker, timeout=300)
     worker.join()
     ids = [t.task_id for t in received]
     assert len(ids) == EPISODES and sorted(ids) == sorted(t["task_id"] for t in tasks)  # in == out, no duplicates

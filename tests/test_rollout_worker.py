@@ -20,6 +20,16 @@ def model(tokenizer):  # noqa: F811
     return chatty_model(tokenizer)
 
 
+def drain(worker, timeout: float) -> list:
+    """Every trajectory `worker` queues until it ends and its queue is empty (each `get` waits up to `timeout`)."""
+    received = []
+    while True:
+        try:
+            received.append(worker.get(timeout=timeout))
+        except RuntimeError:  # ended, queue drained
+            return received
+
+
 def make_worker(model, tokenizer, tasks, **options):  # noqa: F811
     options = dict(dict(num_slots=2, budgets=REAL_BUDGETS, sampling=REAL_SAMPLING, steps_per_sync=4,
                         devices=DEVICES), **options)
@@ -28,12 +38,7 @@ def make_worker(model, tokenizer, tasks, **options):  # noqa: F811
 
 def test_every_trajectory_reaches_the_queue_exactly_once(model, tokenizer):  # noqa: F811
     worker = make_worker(model, tokenizer, iter(TASKS), queue_size=1).start()
-    received = []
-    while True:
-        try:
-            received.append(worker.get(timeout=120))
-        except RuntimeError:  # ended, queue drained
-            break
+    received = drain(worker, timeout=120)
     worker.join()
     assert sorted(t.task_id for t in received) == sorted(t["task_id"] for t in TASKS)
     stats = worker.stats()
@@ -120,12 +125,7 @@ def test_failing_environments_cost_their_episodes_and_the_worker_goes_on(model, 
     tasks = twelve_tasks()
     worker = make_worker(model, tokenizer, iter(tasks),
                          episode_factory=failing_factory({"open": "t03", "grade": "t08"})).start()
-    received = []
-    while True:
-        try:
-            received.append(worker.get(timeout=120))
-        except RuntimeError:  # ended, queue drained
-            break
+    received = drain(worker, timeout=120)
     worker.join()
     assert sorted(t.task_id for t in received) == [t["task_id"] for t in tasks if t["task_id"] not in ("t03", "t08")]
     assert all(t.env_failure is None for t in received)

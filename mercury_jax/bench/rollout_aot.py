@@ -29,8 +29,8 @@ from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
 from mercury_jax.bench.report import V5P_HBM_BYTES_PER_S, cost_and_roofline, markdown_table, write_section  # noqa: E402
 from mercury_jax.parallel import make_mesh, variable_sharding  # noqa: E402
-from mercury_jax.rollout.layout import row_shardings, state_shardings  # noqa: E402
-from mercury_jax.rollout.sampler import MAX_STOP_IDS, _compiled  # noqa: E402
+from mercury_jax.rollout.layout import rollout_dtype, row_shardings, state_shardings  # noqa: E402
+from mercury_jax.rollout.sampler import MAX_STOP_IDS, _compiled, empty_state  # noqa: E402
 from mercury_jax.rollout.sizing import replica_memory  # noqa: E402
 from models.qwen35_moe import Qwen35MoeForCausalLM  # noqa: E402
 from models.qwen35_moe.config import PRESETS  # noqa: E402
@@ -45,22 +45,12 @@ def abstract_replica(preset: str, topology: str, replica: dict, slots: int, max_
     cfg = PRESETS[preset](dtype="bfloat16", param_dtype="float32")
     model = nnx.eval_shape(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(model)
-    dtype = jnp.dtype(param_dtype)
-    cast = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, dtype if jnp.issubdtype(a.dtype, jnp.floating)
-                                                       else a.dtype), state)
+    cast = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, rollout_dtype(a.dtype, param_dtype)), state)
     params = nnx.from_flat_state([
         (path, v.replace(jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=variable_sharding(path, v, mesh))))
         for path, v in nnx.to_flat_state(cast)])
 
-    def empty_state():
-        return {"cache": model.init_cache(slots, max_length), "last_token": jnp.zeros((slots,), jnp.int32),
-                "active": jnp.zeros((slots,), bool), "num_generated": jnp.zeros((slots,), jnp.int32),
-                "limit": jnp.zeros((slots,), jnp.int32), "request_id": jnp.zeros((slots,), jnp.int32),
-                "seed": jnp.zeros((slots,), jnp.int32), "temperature": jnp.ones((slots,), jnp.float32),
-                "top_k": jnp.zeros((slots,), jnp.int32), "top_p": jnp.ones((slots,), jnp.float32),
-                "stop_ids": jnp.full((slots, MAX_STOP_IDS), -1, jnp.int32)}
-
-    shapes = jax.eval_shape(empty_state)
+    shapes = jax.eval_shape(lambda: empty_state(model.init_cache, slots, max_length))
     decode_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes,
                                 state_shardings(shapes, mesh))
     row = jax.eval_shape(lambda: model.init_cache(1, max_length))

@@ -131,8 +131,7 @@ class Engine:
 
     def install_weights(self, prepared, version: int | None = None) -> None:
         """`update_weights` with weights already cast and placed (`sampler.prepare_weights`)."""
-        latest = self._pending_weights[1] if self._pending_weights is not None else self.policy_version
-        version = latest + 1 if version is None else version
+        version = self.latest_version + 1 if version is None else version
         if self.weights_swap == "chunk" or not any(self.slots):  # nothing running: nothing to keep on one version
             self.sampler.set_weights(prepared, version)
             self._pending_weights = None
@@ -142,6 +141,11 @@ class Engine:
     @property
     def policy_version(self) -> int:
         return self.sampler.policy_version
+
+    @property
+    def latest_version(self) -> int:
+        """The version of the newest weights handed over: the waiting ones', else the sampling ones'."""
+        return self._pending_weights[1] if self._pending_weights is not None else self.policy_version
 
     @property
     def weights_waiting(self) -> bool:

@@ -59,14 +59,18 @@ def row_shardings(row, mesh: Mesh):
                                                                         leaf)), leaf.shape, mesh)), row)
 
 
+def rollout_dtype(leaf_dtype, dtype=None):
+    """The dtype a weight of `leaf_dtype` has on the rollout side: `dtype` for floating weights (None: its own),
+    integer leaves unchanged."""
+    return jnp.dtype(dtype) if dtype is not None and jnp.issubdtype(leaf_dtype, jnp.floating) else leaf_dtype
+
+
 def rollout_weights(params: nnx.State, mesh: Mesh | None, dtype=None) -> nnx.State:
     """`params` cast to `dtype` (floating leaves; None keeps theirs) where they are, then moved to their layout on
     `mesh` device to device, as a copy of their own (None: left where they are). The cast happens before the
     move, so an fp32 master never lands whole on a rollout device."""
     if dtype is not None:
-        dtype = jnp.dtype(dtype)
-        params = jax.jit(lambda p: jax.tree.map(
-            lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, p))(params)
+        params = jax.jit(lambda p: jax.tree.map(lambda a: a.astype(rollout_dtype(a.dtype, dtype)), p))(params)
     if mesh is None:
         return params
     return jax.device_put(params, param_shardings(params, mesh), may_alias=False)

@@ -26,6 +26,14 @@ from jax.sharding import Mesh
 from mercury_jax.rollout.engine import Engine, Request, Sample
 
 
+def slots_per_replica(num_slots: int, replicas: int) -> int:
+    """`num_slots` (the whole rollout group's) split evenly over `replicas`; ValueError when it does not split."""
+    if num_slots % replicas:
+        raise ValueError(f"{num_slots} rollout slots do not split evenly over {replicas} replicas; make "
+                         "rollout.num_slots a multiple of the replica count")
+    return num_slots // replicas
+
+
 class ReplicatedEngine:
     """R engines (one per mesh of `meshes`), `num_slots` slots each, as one engine of R x `num_slots` slots."""
 
@@ -88,8 +96,7 @@ class ReplicatedEngine:
 
     def install_weights(self, prepared: list, version: int | None = None) -> None:
         """Hand each replica its prepared weights; each swaps them by its `weights_swap` rule, on its own."""
-        latest = max(e._pending_weights[1] if e.weights_waiting else e.policy_version for e in self.engines)
-        version = latest + 1 if version is None else version
+        version = max(e.latest_version for e in self.engines) + 1 if version is None else version
         for engine, params in zip(self.engines, prepared):
             engine.install_weights(params, version)
 
@@ -101,8 +108,7 @@ class ReplicatedEngine:
     def step(self) -> bool:
         """Every replica admits and starts its decode chunk, then every replica collects its chunk."""
         pending = [engine.dispatch_step() for engine in self.engines]
-        remains = [engine.collect_step(p) for engine, p in zip(self.engines, pending)]
-        return any(remains) or any(engine.queue for engine in self.engines)
+        return any([engine.collect_step(p) for engine, p in zip(self.engines, pending)])
 
     def stats(self) -> dict:
         per_replica = [engine.stats() for engine in self.engines]

@@ -40,7 +40,7 @@ from mercury_jax.rollout.sampling import sample_tokens, token_keys
 from mercury_jax.rollout.sizing import check_replica_fits
 from mercury_jax.rollout.slot_rows import put_row, put_row_on_mesh, slot_axis, take_row, take_row_on_mesh
 
-__all__ = ["Sampler", "bucket_length", "put_row", "slot_axis", "take_row"]
+__all__ = ["Sampler", "bucket_length", "empty_state", "put_row", "slot_axis", "take_row"]
 
 MAX_STOP_IDS = 8
 MIN_BUCKET = 16
@@ -111,20 +111,7 @@ class Sampler:
         return jax.jit(self._empty_state, out_shardings=shardings)()
 
     def _empty_state(self) -> dict:
-        S = self.num_slots
-        return {
-            "cache": self._init_cache(S, self.max_length),
-            "last_token": jnp.zeros((S,), jnp.int32),
-            "active": jnp.zeros((S,), bool),
-            "num_generated": jnp.zeros((S,), jnp.int32),
-            "limit": jnp.zeros((S,), jnp.int32),
-            "request_id": jnp.zeros((S,), jnp.int32),
-            "seed": jnp.zeros((S,), jnp.int32),
-            "temperature": jnp.ones((S,), jnp.float32),
-            "top_k": jnp.zeros((S,), jnp.int32),
-            "top_p": jnp.ones((S,), jnp.float32),
-            "stop_ids": jnp.full((S, MAX_STOP_IDS), -1, jnp.int32),
-        }
+        return empty_state(self._init_cache, self.num_slots, self.max_length)
 
     def prefill(self, state: dict, slot: int, tokens: list[int], *, reset: bool, limit: int, request_id: int,
                 seed: int, temperature: float, top_k: int, top_p: float, stop_token_ids=()):
@@ -153,6 +140,25 @@ class Sampler:
         params, version = self._weights
         state, outputs = self._decode(params, state, num_steps)
         return state, outputs, version
+
+
+def empty_state(init_cache, num_slots: int, max_length: int) -> dict:
+    """The sampler state of `num_slots` idle slots: the model's empty cache (`init_cache(num_slots, max_length)`)
+    and every per-slot field."""
+    S = num_slots
+    return {
+        "cache": init_cache(S, max_length),
+        "last_token": jnp.zeros((S,), jnp.int32),
+        "active": jnp.zeros((S,), bool),
+        "num_generated": jnp.zeros((S,), jnp.int32),
+        "limit": jnp.zeros((S,), jnp.int32),
+        "request_id": jnp.zeros((S,), jnp.int32),
+        "seed": jnp.zeros((S,), jnp.int32),
+        "temperature": jnp.ones((S,), jnp.float32),
+        "top_k": jnp.zeros((S,), jnp.int32),
+        "top_p": jnp.ones((S,), jnp.float32),
+        "stop_ids": jnp.full((S, MAX_STOP_IDS), -1, jnp.int32),
+    }
 
 
 def _finished(token, num_generated, limit, stop_ids):

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from mercury_jax.parallel import param_shardings
-from mercury_jax.rollout.layout import state_shardings
+from mercury_jax.rollout.layout import rollout_dtype, state_shardings
 
 GIB = 2 ** 30
 HBM_GIB = {"TPU v5p": 95, "TPU v5": 95, "TPU v5 lite": 16, "TPU v5e": 16, "TPU v6 lite": 32, "TPU v6e": 32,
@@ -49,10 +49,8 @@ def _per_device_bytes(shapes, shardings) -> int:
 def replica_memory(param_shapes, state_shapes, mesh: Mesh, param_dtype=None) -> dict:
     """{"weights_gib", "state_gib", "total_gib"} per device of a replica on `mesh`: `param_shapes` an nnx.State of
     ShapeDtypeStructs (or arrays), `state_shapes` the sampler state's."""
-    if param_dtype is not None:
-        param_shapes = jax.tree.map(
-            lambda a: jax.ShapeDtypeStruct(a.shape, jnp.dtype(param_dtype) if jnp.issubdtype(a.dtype, jnp.floating)
-                                           else a.dtype), param_shapes)
+    param_shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, rollout_dtype(a.dtype, param_dtype)),
+                                param_shapes)
     weights = _per_device_bytes(param_shapes, param_shardings(param_shapes, mesh)) / GIB
     state = _per_device_bytes(state_shapes, state_shardings(state_shapes, mesh)) / GIB
     return {"weights_gib": weights, "state_gib": state, "total_gib": weights + state}

@@ -41,7 +41,7 @@ from mercury_jax.chat.tokenizer import Tokenizer
 from mercury_jax.rollout.engine import Engine
 from mercury_jax.rollout.episode import Budgets, EpisodeRunner, SamplingParams
 from mercury_jax.rollout.failures import EnvironmentFailure, EpisodeFailure
-from mercury_jax.rollout.replicas import ReplicatedEngine
+from mercury_jax.rollout.replicas import ReplicatedEngine, slots_per_replica
 from mercury_jax.rollout.trajectory import Trajectory
 
 
@@ -57,12 +57,10 @@ class RolloutWorker:
         self.sharding = None
         max_length = max_length or budgets.max_total_tokens
         if replicas is not None:
-            if num_slots % len(replicas):
-                raise ValueError(f"{num_slots} rollout slots do not split evenly over {len(replicas)} replicas; make "
-                                 "rollout.num_slots a multiple of the replica count")
             self.model = model  # each replica casts and places its own copy
             self._placement = None
-            self.engine = ReplicatedEngine(model, meshes=replicas, num_slots=num_slots // len(replicas),
+            self.engine = ReplicatedEngine(model, meshes=replicas,
+                                           num_slots=slots_per_replica(num_slots, len(replicas)),
                                            max_length=max_length, steps_per_sync=steps_per_sync,
                                            policy_version=policy_version, param_dtype=param_dtype, hbm_gib=hbm_gib,
                                            make_engine=make_engine)

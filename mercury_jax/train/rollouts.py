@@ -26,7 +26,7 @@ from mercury_jax.rollout.engine import Engine
 from mercury_jax.rollout.episode import Budgets, EpisodeRunner, SamplingParams
 from mercury_jax.rollout.failures import trainable
 from mercury_jax.rollout.layout import replica_meshes
-from mercury_jax.rollout.replicas import ReplicatedEngine
+from mercury_jax.rollout.replicas import ReplicatedEngine, slots_per_replica
 from mercury_jax.rollout.trajectory import Trajectory
 from mercury_jax.rollout.worker import RolloutWorker
 from mercury_jax.train.checkpoints import Checkpointer
@@ -61,7 +61,8 @@ class Rollouts:
             self.engine = make_engine(device_copy(model, self.devices[0]), num_slots=num_slots,
                                       max_length=budgets.max_total_tokens, policy_version=version)
         else:
-            self.engine = ReplicatedEngine(model, meshes=self.replicas, num_slots=num_slots // len(self.replicas),
+            self.engine = ReplicatedEngine(model, meshes=self.replicas,
+                                           num_slots=slots_per_replica(num_slots, len(self.replicas)),
                                            max_length=budgets.max_total_tokens, policy_version=version,
                                            param_dtype=param_dtype, make_engine=make_engine)
         self.runner = self.evaluator(sampling.seed)
