@@ -11,7 +11,8 @@ every replica's decode chunk before collecting any, so the replicas decode at th
 keyed by request id; a request's tokens depend only on (seed, request id, weights), not on its replica (sampling.py),
 so the episode runner and the async worker run over this as over one engine and produce one trajectory stream.
 
-`update_weights(model, version)` casts and moves the weights to every replica (device to device) before returning.
+`update_weights(model, version)` casts and moves the weights to every replica (device to device, by collectives
+from a learner mesh: `publish.py`) before returning.
 By default (`weights_swap="request"`) a replica swaps them once its running requests have finished, admitting no
 new request meanwhile, so no request mixes two versions; each replica swaps on its own, so the others keep
 sampling. Every token records the version that sampled it.
@@ -24,6 +25,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from mercury_jax.rollout.engine import Engine, Request, Sample
+from mercury_jax.rollout.publish import Publisher
 
 
 def slots_per_replica(num_slots: int, replicas: int) -> int:
@@ -46,6 +48,7 @@ class ReplicatedEngine:
                                     refill=refill, policy_version=policy_version, mesh=mesh, param_dtype=param_dtype,
                                     hbm_gib=hbm_gib, weights_swap=weights_swap)
                         for mesh in meshes]
+        self.publisher = Publisher(meshes, param_dtype)
         self.results: dict[int, Sample] = {}
         for engine in self.engines:
             engine.results = self.results  # one result dict: ids are unique across replicas
@@ -91,8 +94,13 @@ class ReplicatedEngine:
 
     def prepare_weights(self, model) -> list:
         """`model`'s weights (a model or its `nnx.State`) cast and moved into every replica's layout, device to
-        device: copies of their own, so the caller may donate what it passed once this returns."""
-        return [engine.sampler.prepare_weights(model) for engine in self.engines]
+        device: copies of their own, so the caller may donate what it passed once this returns. From a learner
+        mesh apart from the replicas by `publish.Publisher`'s two collective programs; otherwise (weights on a
+        shared or single device) cast + `device_put` per replica."""
+        params = self.engines[0].sampler.weights_of(model)
+        if self.publisher.supports(params):
+            return self.publisher(params)
+        return [engine.sampler.prepare_weights(params) for engine in self.engines]
 
     def install_weights(self, prepared: list, version: int | None = None) -> None:
         """Hand each replica its prepared weights; each swaps them by its `weights_swap` rule, on its own."""

@@ -88,6 +88,10 @@ class Sampler:
         """`model`'s weights (a model, or the `nnx.State` of one, of the sampler's structure) cast to the rollout
         dtype where they are and moved into the sampler's layout, device to device; on a mesh always a copy of
         their own, so the caller may donate or delete what it passed."""
+        return rollout_weights(self.weights_of(model), self.mesh, self.param_dtype)  # cast where they are, then move
+
+    def weights_of(self, model) -> nnx.State:
+        """The `nnx.State` of `model` (a model or a state); ValueError unless it has the sampler's structure."""
         if isinstance(model, nnx.Module):
             graphdef, params = nnx.split(model)
             same = graphdef == self.graphdef
@@ -97,7 +101,7 @@ class Sampler:
         if not same:
             raise ValueError("new weights need the same structure as the sampler's model (same config; a whole "
                              "nnx.state(model)); build a new Sampler/Engine for a different model")
-        return rollout_weights(params, self.mesh, self.param_dtype)  # cast where they are, then device to device
+        return params
 
     def set_weights(self, params: nnx.State, version: int | None = None) -> None:
         """Sample with `prepare_weights`' output from the next call on (version: default the current one + 1)."""

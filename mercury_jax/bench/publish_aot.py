@@ -1,0 +1,156 @@
+"""Ahead-of-time compile the weight publish (actor mesh -> every rollout replica) for TPU; memory and bytes moved.
+
+The released run's device groups over one v5p topology (`--topology`, default 4x4x8 = 128 chips): the first
+`--rollout-chips` as R replicas of `--replica`, the next `--actor-chips` as the actor's mesh (fsdp over the group,
+as `experiments/common.py:mesh_config`). The publish is `rollout/publish.py`'s two programs, traced from abstract
+fp32 params laid out as the actor holds them: `stage` (cast to bf16, C = actor / replica-size copies in the
+replica's layout, among the actor chips) and `send` (one collective-permute per round from the C copies to the R
+replicas, on the union mesh). Prints per program `compiled.memory_analysis()` per chip, compile seconds, the
+collectives of the compiled HLO with the bytes they deliver per chip, and an ICI estimate. Needs libtpu:
+
+    PYTHONPATH=<libtpu dir>:. JAX_PLATFORMS=cpu python -m mercury_jax.bench.publish_aot
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")  # a single-host topology; silences libtpu's probe
+
+import argparse  # noqa: E402
+import math  # noqa: E402
+import re  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+from jax.experimental import topologies  # noqa: E402
+
+from mercury_jax.bench.report import markdown_table, write_section  # noqa: E402
+from mercury_jax.parallel import make_mesh, param_shardings, variable_sharding  # noqa: E402
+from mercury_jax.rollout.layout import replica_meshes  # noqa: E402
+from mercury_jax.rollout.publish import Publisher  # noqa: E402
+from models.qwen35_moe import Qwen35MoeForCausalLM  # noqa: E402
+from models.qwen35_moe.config import PRESETS  # noqa: E402
+
+GIB = 2 ** 30
+V5P_ICI_BYTES_PER_S = 600e9  # 4,800 Gbps of inter-chip interconnect per v5p chip (all links), Google's figure
+COLLECTIVES = ("all-to-all", "all-gather", "collective-permute", "all-reduce", "reduce-scatter",
+               "ragged-all-to-all")
+_DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1, "f64": 8, "s64": 8}
+
+
+def collective_bytes(hlo: str) -> dict[str, tuple[int, int]]:
+    """{collective kind: (count, bytes of their results per device)} in a compiled (per-device) HLO text; the
+    `-done` halves of async pairs are not counted twice."""
+    found: dict[str, list[int]] = {}
+    for line in hlo.splitlines():
+        match = re.match(r"\s*(?:ROOT )?%\S+ = (.+?) ([a-z\-]+)\(", line)
+        if not match:
+            continue
+        kind = match.group(2).removesuffix("-start")
+        if kind not in COLLECTIVES:
+            continue
+        shapes = re.findall(r"(bf16|f16|f32|s32|u32|s8|u8|pred|f64|s64)\[([\d,]*)\]", match.group(1))
+        if match.group(2).endswith("-start"):  # (operands, results[, u32[] contexts]): the results
+            shapes = [s for s in shapes if s[1]]
+            shapes = shapes[len(shapes) // 2:]
+        nbytes = sum(_DTYPE_BYTES[d] * math.prod(int(n) for n in dims.split(",") if n) for d, dims in shapes)
+        entry = found.setdefault(kind, [0, 0])
+        entry[0] += 1
+        entry[1] += nbytes
+    return {kind: (count, nbytes) for kind, (count, nbytes) in found.items()}
+
+
+def abstract_actor_params(preset: str, mesh):
+    """The model's fp32 params as ShapeDtypeStructs laid out on the actor's mesh by their logical names."""
+    cfg = PRESETS[preset](dtype="bfloat16", param_dtype="float32")
+    model = nnx.eval_shape(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0)))
+    _, state = nnx.split(model)
+    return nnx.from_flat_state([
+        (path, v.replace(jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=variable_sharding(path, v, mesh))))
+        for path, v in nnx.to_flat_state(state)])
+
+
+def share_bytes(params, mesh, dtype_bytes: int) -> int:
+    """Bytes of the cast weights one chip of a replica on `mesh` holds (= receives per publish), by layout."""
+    received = 0
+    for leaf, sharding in zip(jax.tree.leaves(params), jax.tree.leaves(param_shardings(params, mesh))):
+        itemsize = dtype_bytes if np.issubdtype(leaf.dtype, np.floating) else leaf.dtype.itemsize
+        received += math.prod(sharding.shard_shape(leaf.shape)) * itemsize
+    return received
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="qwen3.5-35b-a3b", choices=sorted(PRESETS))
+    parser.add_argument("--topology", default="v5p:4x4x8", help="the run's chips (rollout, then actor)")
+    parser.add_argument("--replica", default="tensor:8", help="axis:size/axis:size, one replica's mesh")
+    parser.add_argument("--rollout-chips", type=int, default=64)
+    parser.add_argument("--actor-chips", type=int, default=32)
+    parser.add_argument("--param-dtype", default="bfloat16")
+    parser.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
+    args = parser.parse_args()
+    replica = {k: int(v) for k, v in (item.split(":") for item in args.replica.split("/"))}
+    devices = topologies.get_topology_desc(platform="tpu", topology_name=args.topology).devices
+    if args.rollout_chips + args.actor_chips > len(devices):
+        raise SystemExit(f"{args.topology} has {len(devices)} chips; the groups need "
+                         f"{args.rollout_chips + args.actor_chips}")
+    meshes = replica_meshes(devices[:args.rollout_chips], replica)
+    actor = make_mesh({"fsdp": -1}, devices=devices[args.rollout_chips:args.rollout_chips + args.actor_chips])
+    params = abstract_actor_params(args.preset, actor)
+    publisher = Publisher(meshes, args.param_dtype)
+    copies, replicas = args.actor_chips // meshes[0].size, len(meshes)
+    rounds = math.ceil(replicas / copies)
+    dtype_bytes = np.dtype(args.param_dtype).itemsize if args.param_dtype else 4
+    share = share_bytes(params, meshes[0], dtype_bytes)
+    print(f"{replicas} replicas x {meshes[0].size} chips {replica}; actor fsdp={args.actor_chips}: {copies} staged "
+          f"copies, {rounds} send round(s); a rollout chip's share {share / GIB:.2f} GiB", flush=True)
+
+    stage, send = publisher.lower(params)
+    rows, moved = [], {}
+    for name, lowered in (("stage (actor chips)", stage), ("send (actor + rollout chips)", send)):
+        start = time.perf_counter()
+        compiled = lowered.compile()
+        seconds = time.perf_counter() - start
+        memory = compiled.memory_analysis()
+        total = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
+                 - memory.alias_size_in_bytes)
+        collectives = collective_bytes(compiled.as_text())
+        moved[name] = collectives
+        summary = ", ".join(f"{count} {kind} ({nbytes / GIB:.2f} GiB)" for kind, (count, nbytes)
+                            in sorted(collectives.items())) or "none"
+        rows.append([name, f"{memory.argument_size_in_bytes / GIB:.2f}", f"{memory.output_size_in_bytes / GIB:.2f}",
+                     f"{memory.temp_size_in_bytes / GIB:.2f}", f"{total / GIB:.2f}", f"{seconds:.0f}", summary])
+        print(rows[-1], flush=True)
+    headers = ["program", "arguments GiB/chip", "outputs GiB/chip", "temp GiB/chip", "total GiB/chip", "compile s",
+               "collectives in the compiled HLO (results per chip)"]
+    table = markdown_table(headers, rows)
+    stage_in = sum(nbytes for _, nbytes in moved["stage (actor chips)"].values())
+    sent = rounds * share
+    estimate = (f"Bytes per publish, by layout: a rollout chip receives its share once, {share / GIB:.2f} GiB; an "
+                f"actor chip receives {stage_in / GIB:.2f} GiB in `stage` (the HLO's collective results) and sends "
+                f"{rounds} x {share / GIB:.2f} = {sent / GIB:.2f} GiB in `send`. At v5p's 600 GB/s of ICI per chip "
+                f"(all links, an upper bound on what one chip moves) that is >= {(stage_in + sent) / 600e9 * 1e3:.0f} "
+                f"ms on an actor chip per publish.")
+    print(table)
+    print(estimate)
+    if args.write:
+        command = (f"PYTHONPATH=<libtpu dir>:. JAX_PLATFORMS=cpu python -m mercury_jax.bench.publish_aot --preset "
+                   f"{args.preset} --topology {args.topology} --replica {args.replica} --rollout-chips "
+                   f"{args.rollout_chips} --actor-chips {args.actor_chips} --param-dtype {args.param_dtype} --write")
+        body = (f"The weight publish of `{args.preset}` from the actor's mesh ({args.actor_chips} chips, fsdp, fp32 "
+                f"master) into {replicas} rollout replicas of {meshes[0].size} chips ({replica}) on `{args.topology}`, "
+                f"as `rollout/publish.py` runs it: `stage` casts to {args.param_dtype} and lays out {copies} copies "
+                f"in a replica's layout among the actor chips; `send` moves copy c to replicas c, c + {copies}, ... "
+                f"by {rounds} collective-permute round(s) on the union mesh of actor and rollout chips. Both "
+                f"compiled ahead of time on a CPU host with libtpu; memory is `compiled.memory_analysis()` per chip "
+                f"(total = arguments + outputs + temporaries - aliased; `send` donates its destination buffers). "
+                f"Nothing ran on a TPU.\n\n" + table + "\n\n" + estimate)
+        write_section("publish_aot", "Weight publish: actor mesh to rollout replicas, TPU ahead-of-time compile",
+                      body, command)
+
+
+if __name__ == "__main__":
+    main()
