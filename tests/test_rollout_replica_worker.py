@@ -10,6 +10,7 @@ from flax import nnx
 from test_rollout_episode import ENTERPRISE, REAL_BUDGETS, REAL_SAMPLING, chatty_model, tokenizer  # noqa: F401
 from test_rollout_worker import drain
 
+from mercury_jax.parallel import make_mesh, shard_params
 from mercury_jax.rollout import Engine, Request, replica_meshes
 from mercury_jax.rollout.worker import RolloutWorker
 from mercury_jax.train.validate import ConfigError, validate_config
@@ -22,6 +23,11 @@ EPISODES = 500
 @pytest.fixture(scope="module")
 def model(tokenizer):  # noqa: F811
     return chatty_model(tokenizer)
+
+
+def on_learner_mesh(model, devices):
+    """A copy of `model` laid out like a learner's (fsdp over `devices`)."""
+    return shard_params(nnx.clone(model), make_mesh({"fsdp": -1}, devices=devices))
 
 
 def test_request_swap_keeps_each_request_on_one_version():
@@ -53,6 +59,7 @@ def test_request_swap_keeps_each_request_on_one_version():
 def test_worker_over_replicas_queues_every_episode_once_across_publishes(model, tokenizer):  # noqa: F811
     tasks = [{**ENTERPRISE[k % len(ENTERPRISE)], "task_id": f"e{k}"} for k in range(EPISODES)]
     meshes = replica_meshes(jax.devices()[:4], {"tensor": 2})
+    learner = on_learner_mesh(model, jax.devices()[4:8])  # published from its own mesh: the collective route
     worker = RolloutWorker(model, tokenizer, iter(tasks), num_slots=8, budgets=REAL_BUDGETS, sampling=REAL_SAMPLING,
                            steps_per_sync=4, replicas=meshes, param_dtype="bfloat16", queue_size=16)
     assert worker.engine.num_replicas == 2 and worker.engine.num_slots == 8
@@ -62,7 +69,7 @@ def test_worker_over_replicas_queues_every_episode_once_across_publishes(model, 
         more = step()
         if len(published) < 40 and worker.engine.engines[0]._decode_steps // 20 > len(published):
             published.append(len(published) + 1)
-            worker.publish(nnx.state(model), version=published[-1])
+            worker.publish(nnx.state(learner), version=published[-1])
         return more
 
     worker.engine.step = step_and_publish
@@ -88,6 +95,7 @@ def test_worker_over_replicas_queues_every_episode_once_across_publishes(model, 
     weights = worker.engine.engines[1].sampler._weights[0]
     assert {leaf.dtype.name for leaf in jax.tree.leaves(weights)} == {"bfloat16"}
     assert {d for leaf in jax.tree.leaves(weights) for d in leaf.sharding.device_set} == set(meshes[1].devices.flat)
+    assert worker.engine.publisher._programs  # every publish went by publish.Publisher's collectives
 
 
 def test_rollout_replica_config_must_split_the_group_and_the_slots():
@@ -111,7 +119,6 @@ def test_rollout_replica_config_must_split_the_group_and_the_slots():
 def test_sync_rollouts_sample_over_replicas_and_publish_into_each(model, tokenizer):  # noqa: F811
     """The trainers' `Rollouts` with `replica=`: a batch sampled over 2 replicas of the 4-device rollout group, a
     publish cast to bf16 and placed into both replicas (idle: swapped at once), the next batch on the new version."""
-    from mercury_jax.parallel import make_mesh
     from mercury_jax.train.rollouts import Rollouts
 
     group = make_mesh({"fsdp": 4}, devices=jax.devices()[4:8])
@@ -120,7 +127,8 @@ def test_sync_rollouts_sample_over_replicas_and_publish_into_each(model, tokeniz
     assert rollouts.engine.num_replicas == 2 and rollouts.engine.slots_per_replica == 2
     first = rollouts.run(ENTERPRISE[:4], first_episode_id=0)
     assert len(first) == 4 and all(v in (-1, 0) for t in first for v in t.policy_versions)
-    rollouts.publish(model, version=1)
+    rollouts.publish(on_learner_mesh(model, jax.devices()[:2]), version=1)  # an actor mesh apart from the group
+    assert rollouts.engine.publisher._programs  # by publish.Publisher's collectives
     assert [e.policy_version for e in rollouts.engine.engines] == [1, 1]
     second = rollouts.run(ENTERPRISE[:4], first_episode_id=4)
     assert {v for t in second for v, m in zip(t.policy_versions, t.action_mask) if m} == {1}
