@@ -135,3 +135,36 @@ def test_sync_rollouts_sample_over_replicas_and_publish_into_each(model, tokeniz
     devices = {d for e in rollouts.engine.engines for leaf in jax.tree.leaves(e.sampler._weights[0])
                for d in leaf.sharding.device_set}
     assert devices == set(jax.devices()[4:8])
+
+
+def test_async_rollouts_hold_one_engine_between_evaluations(model, tokenizer):  # noqa: F811
+    """Async mode: once the worker samples, the shared (evaluation) engine's weights and decode state are freed;
+    `sync_engine` loads the latest weights for an evaluation, which samples wholly on them, and `evaluated` frees
+    them again. An offloaded engine refuses to sample until it has weights, and a busy one refuses to offload."""
+    from mercury_jax.train.rollouts import Rollouts
+    from mercury_jax.train.streams import TaskStream
+
+    group = make_mesh({"fsdp": 4}, devices=jax.devices()[4:8])
+    rollouts = Rollouts(model, tokenizer, mesh=group, num_slots=4, budgets=REAL_BUDGETS, sampling=REAL_SAMPLING,
+                        reward=None, mode="async", replica={"tensor": 2}, param_dtype="bfloat16", queue_size=4)
+    shared = rollouts.engine
+    try:
+        kept, _, _ = rollouts.collect(TaskStream(ENTERPRISE, seed=0), 2)
+        assert len(kept) == 2
+        assert all(e.sampler._weights[0] is None and e.state is None for e in shared.engines)  # freed
+        assert shared.policy_version == -1
+        rollouts.publish(on_learner_mesh(model, jax.devices()[:2]), version=3)
+        rollouts.sync_engine()
+        assert [e.policy_version for e in shared.engines] == [3, 3]
+        evaluated = rollouts.evaluator(seed=7).run(ENTERPRISE[:2], first_episode_id=0)
+        assert {v for t in evaluated for v, m in zip(t.policy_versions, t.action_mask) if m} == {3}
+        rollouts.evaluated()
+        assert all(e.sampler._weights[0] is None and e.state is None for e in shared.engines)
+    finally:
+        rollouts.stop()
+    engine = shared.engines[0]
+    engine.submit(Request(request_id=0, prompt=[5, 9, 3], max_new_tokens=2, temperature=0.0))
+    with pytest.raises(RuntimeError, match="engine was offloaded"):
+        engine.step()
+    with pytest.raises(RuntimeError, match="offload\\(\\) needs an idle engine: 1 queued"):
+        engine.offload()

@@ -138,6 +138,20 @@ class Engine:
         else:
             self._pending_weights = (prepared, version)  # a later publish replaces a waiting one
 
+    def offload(self) -> None:
+        """Free the device memory of an idle engine's weights and decode state (e.g. an evaluator's between
+        evaluations, while a worker's engine samples on the same devices). Parked caches and unread results are
+        dropped; `policy_version` is -1 until `update_weights` hands over new weights, and the next step starts
+        from an empty state."""
+        if self.queue or any(self.slots):
+            raise RuntimeError(f"offload() needs an idle engine: {len(self.queue)} queued and "
+                               f"{sum(s is not None for s in self.slots)} running requests")
+        self.parked.clear()
+        self.results.clear()
+        self._pending_weights = None
+        self.sampler.drop_weights()
+        self.state = None
+
     @property
     def policy_version(self) -> int:
         return self.sampler.policy_version
@@ -199,6 +213,11 @@ class Engine:
         if self._pending_weights is not None and not any(self.slots):
             self.sampler.set_weights(*self._pending_weights)
             self._pending_weights = None
+        if not self.sampler.has_weights:  # before anything leaves the queue
+            raise RuntimeError("this engine was offloaded (offload()); hand it weights with update_weights before "
+                               "it samples")
+        if self.state is None:  # offloaded
+            self.state = self.sampler.init_state()
         while self._admit() and not any(self.slots) and self.queue:
             pass  # every admitted request ended at its first token: admit again before decoding
         pending = None

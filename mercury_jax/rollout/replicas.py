@@ -108,6 +108,12 @@ class ReplicatedEngine:
         for engine, params in zip(self.engines, prepared):
             engine.install_weights(params, version)
 
+    def offload(self) -> None:
+        """Every replica's `Engine.offload` (idle replicas only)."""
+        for engine in self.engines:
+            engine.offload()
+        self._replica_of.clear()
+
     def run(self) -> dict[int, Sample]:
         while self.step():
             pass

@@ -73,6 +73,7 @@ class Sampler:
                                              max_length=max_length, param_dtype=param_dtype, hbm_gib=hbm_gib)
         # one tuple, swapped whole: a call never mixes two versions
         self._weights = (rollout_weights(params, mesh, param_dtype), policy_version)
+        self._weights_structure = jax.tree.structure(params)
         # hashes the graphdef once
         self._prefill_row, self._decode, self._take_row, self._commit_row = _compiled(self.graphdef, max_length, mesh)
 
@@ -97,7 +98,7 @@ class Sampler:
             same = graphdef == self.graphdef
         else:
             params = model
-            same = jax.tree.structure(params) == jax.tree.structure(self._weights[0])
+            same = jax.tree.structure(params) == self._weights_structure
         if not same:
             raise ValueError("new weights need the same structure as the sampler's model (same config; a whole "
                              "nnx.state(model)); build a new Sampler/Engine for a different model")
@@ -106,6 +107,21 @@ class Sampler:
     def set_weights(self, params: nnx.State, version: int | None = None) -> None:
         """Sample with `prepare_weights`' output from the next call on (version: default the current one + 1)."""
         self._weights = (params, self.policy_version + 1 if version is None else version)
+
+    def drop_weights(self) -> None:
+        """Let go of the weights (their device memory is freed once nothing else holds them); version -1 until the
+        next `set_weights`, and sampling before that raises."""
+        self._weights = (None, -1)
+
+    @property
+    def has_weights(self) -> bool:
+        return self._weights[0] is not None
+
+    def _loaded_weights(self) -> tuple:
+        if not self.has_weights:
+            raise RuntimeError("this sampler's weights were dropped (drop_weights); hand it new ones "
+                               "(update_weights / set_weights) before sampling")
+        return self._weights
 
     def init_state(self) -> dict:
         """The empty state, laid out on the mesh (`layout.state_shardings`) when there is one."""
@@ -134,14 +150,14 @@ class Sampler:
                    "top_p": jnp.float32(top_p), "stop_ids": stops}
         slot = jnp.int32(slot)
         row = self._take_row(state["cache"], slot)
-        params, version = self._weights
+        params, version = self._loaded_weights()
         row, first = self._prefill_row(params, row, ids, jnp.int32(len(tokens)), request)
         return self._commit_row(state, row, slot, first, request), first, version
 
     def decode(self, state: dict, num_steps: int):
         """`num_steps` decode steps for every active slot. Returns (state, outputs, policy_version) with outputs
         {"token", "logprob", "sampling_logprob", "emitted"}: [num_steps, num_slots] each."""
-        params, version = self._weights
+        params, version = self._loaded_weights()
         state, outputs = self._decode(params, state, num_steps)
         return state, outputs, version
 

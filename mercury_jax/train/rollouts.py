@@ -11,7 +11,8 @@ tokens). Async mode: a `RolloutWorker` over the rollout devices keeps generating
 background (started at the first `collect`, so a resumed run starts from the restored stream); `collect` takes
 finished trajectories, dropping those more than `max_staleness` versions old. Either way `publish(model,
 version)` hands new weights over and `evaluator(seed)` gives a runner that samples held-out episodes on the
-shared engine with the latest weights.
+shared engine with the latest weights (`sync_engine()` first; in async mode `evaluated()` after, which frees the
+shared engine's weights and state until the next evaluation, so the rollout devices hold one engine meanwhile).
 
 `Seams` are the parts a caller may replace (tests inject a scripted engine, a synthetic reward, a task list).
 """
@@ -101,6 +102,7 @@ class Rollouts:
                 reward=self.reward, **self.runner_options)
         if not self.worker.running:
             self.worker.start()
+            self.engine.offload()  # the worker's engine samples now; the shared one is loaded per evaluation
         kept, stale, env_dropped = [], 0, 0
         while len(kept) < n:
             trajectory = self.worker.get(timeout=3600)
@@ -124,6 +126,12 @@ class Rollouts:
         """Async mode: the worker holds the live weights; bring the shared engine up to date (before evaluating)."""
         if self.engine.policy_version != self.version:
             self.engine.update_weights(self._on_rollout_devices(self._latest), self.version)
+
+    def evaluated(self) -> None:
+        """After an evaluation on the shared engine: in async mode its weights and decode state are freed again, so
+        the rollout devices hold one engine (the worker's) between evaluations, two only while one runs."""
+        if self.worker is not None:
+            self.engine.offload()
 
     def _on_rollout_devices(self, model: nnx.Module):
         """What the engine's `update_weights` takes: replicas cast and move the weights themselves (device to

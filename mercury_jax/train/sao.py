@@ -149,6 +149,7 @@ class Sao:
     def evaluate(self, label: str) -> dict:
         self.rollouts.sync_engine()
         trajectories = self.eval_runner.run(self.eval_tasks)
+        self.rollouts.evaluated()
         rewards = np.array([t.reward for t in trajectories])
         result = {"label": label, **trajectory_metrics(trajectories),
                   "reward_sem": float(rewards.std(ddof=1) / np.sqrt(len(rewards))) if len(rewards) > 1 else 0.0,
