@@ -206,11 +206,12 @@ def _union_array(staged: jax.Array, placeholder: jax.Array, union: Mesh, spec: P
     """One leaf over the union mesh from its per-device pieces: source copies' shards, then the replicas'."""
     pieces = [s.data for s in staged.addressable_shards] + [s.data for s in placeholder.addressable_shards]
     total = staged.shape[0] + placeholder.shape[0]
-    return jax.make_array_from_single_device_arrays((total, *shape[1:]), NamedSharding(union, spec), pieces)
+    return jax.make_array_from_single_device_arrays((total, *shape[1:]), NamedSharding(union, spec), pieces,
+                                                    dtype=staged.dtype)  # a process may hold none of the pieces
 
 
 def _replica_array(received: jax.Array, sharding: NamedSharding, mesh: Mesh, shape) -> jax.Array:
     """Replica `mesh`'s part of a sent leaf: its devices' shards, as an array of the replica's layout."""
     devices = set(mesh.devices.flat)
     pieces = [s.data for s in received.addressable_shards if s.device in devices]
-    return jax.make_array_from_single_device_arrays(shape, sharding, pieces)
+    return jax.make_array_from_single_device_arrays(shape, sharding, pieces, dtype=received.dtype)
