@@ -67,9 +67,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     r = ml_collections.ConfigDict()
     r.num_slots = 128
-    # R = devices.rollout / 8 engine replicas (8 here), num_slots / R slots each; bf16 weights published device to
-    # device into each replica's layout (heads, hidden units, expert units and the vocab over tensor)
-    r.replica = ml_collections.ConfigDict(dict(tensor=8))
+    # R = devices.rollout / 4 engine replicas (16 here), num_slots / R slots each, one replica per v5p host (4
+    # chips): no replica spans hosts; bf16 weights published device to device into each replica's layout (heads,
+    # hidden units, expert units and the vocab over tensor). BENCHMARKS.md "rollout_aot" compares tensor=8.
+    r.replica = ml_collections.ConfigDict(dict(tensor=4))
     r.param_dtype = "bfloat16"
     r.temperature = 1.0
     r.top_p = 1.0

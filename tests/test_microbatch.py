@@ -52,6 +52,10 @@ B, T, M = 16, 16, 4
 EMPTY_ROWS = (3, 10)
 RTOL = 1e-6
 LEAF_RTOL = 1e-5  # a leaf whose gradient is a near-cancelling sum (module docstring)
+# k3 = expm1(d) - d ~ d^2 / 2 amplifies a log-prob's rounding: a change e of d moves k3 by ~d e, a relative 2 e / d,
+# so for |d| ~ 0.1-0.2 (the test's reference offsets) and e ~ 1e-7 (fp32 log-probs of magnitude ~4 summed in another
+# order) the KL metrics agree to a few 1e-6, not 1e-6 (observed 1.1e-6 in a packed GRPO step)
+KL_RTOL = 5e-6
 EDGE_MARGIN = 1e-3
 
 
@@ -158,7 +162,8 @@ def assert_same_step(whole, micro):
     (metrics_1, grads_1), (metrics_m, grads_m) = whole, micro
     assert set(metrics_1) == set(metrics_m)
     for key, value in metrics_1.items():
-        np.testing.assert_allclose(float(metrics_m[key]), float(value), rtol=RTOL, err_msg=key)
+        rtol = KL_RTOL if key.startswith("kl") else RTOL
+        np.testing.assert_allclose(float(metrics_m[key]), float(value), rtol=rtol, err_msg=key)
     leaves_1, leaves_m = jax.tree.leaves(grads_1), jax.tree.leaves(grads_m)
     assert len(leaves_1) == len(leaves_m) and float(metrics_1["grad_norm"]) > 0
     norm = lambda leaves: np.sqrt(sum(np.sum(np.square(x)) for x in leaves))  # noqa: E731

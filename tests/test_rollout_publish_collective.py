@@ -1,8 +1,8 @@
 """The collective weight publish (`rollout/publish.py`) on the 8-device CPU mesh, against the plain route (cast, then
 `jax.device_put` into each replica's layout): the same bf16 values bit for bit, the same layouts, on the replicas'
 devices only; the send program is collective-permutes that give every replica device exactly one source with its
-own in-replica coordinate; a replicated engine publishes through it and then samples what an engine built on the new
-weights samples.
+own in-replica coordinate; a replicated engine publishes through it (the plain route's weights, bit for bit) and
+samples on the new version with every replica.
 """
 from __future__ import annotations
 
@@ -125,13 +125,14 @@ def test_replicated_engine_publishes_by_collectives_and_samples_the_new_weights(
     newer = on_source(tiny_model(seed=11), devices[4:])
     engine.update_weights(newer, version=1)
     assert engine.publisher._programs  # the collective route was taken
-    fresh = ReplicatedEngine(tiny_model(seed=11), meshes=meshes, num_slots=2, max_length=32,
-                             param_dtype="bfloat16")  # weights placed by the plain route
+    for replica, mesh in zip(engine.engines, meshes):  # exactly what the plain route would have placed
+        expected = rollout_weights(nnx.state(newer), mesh, "bfloat16")
+        for got, want in zip(jax.tree.leaves(replica.sampler._weights[0]), jax.tree.leaves(expected)):
+            np.testing.assert_array_equal(np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16))
     prompts = [[5, 9, 3, 17], [2, 44, 61], [70, 1, 8, 8, 12], [33]]
-    for e in (engine, fresh):
-        for i, prompt in enumerate(prompts):
-            e.submit(Request(request_id=i, prompt=prompt, max_new_tokens=6, seed=i, temperature=0.0))
-        e.run()
+    for i, prompt in enumerate(prompts):
+        engine.submit(Request(request_id=i, prompt=prompt, max_new_tokens=4, seed=i, temperature=0.0))
+    engine.run()
+    assert all(replica._generated > 0 for replica in engine.engines)  # both replicas sampled
     for i in range(len(prompts)):
-        assert engine.results[i].tokens == fresh.results[i].tokens
-        assert set(engine.results[i].policy_versions) == {1}
+        assert len(engine.results[i].tokens) >= 1 and set(engine.results[i].policy_versions) == {1}

@@ -86,7 +86,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="qwen3.5-35b-a3b", choices=sorted(PRESETS))
     parser.add_argument("--topology", default="v5p:4x4x8", help="the run's chips (rollout, then actor)")
-    parser.add_argument("--replica", default="tensor:8", help="axis:size/axis:size, one replica's mesh")
+    parser.add_argument("--replica", default="tensor:4", help="axis:size/axis:size, one replica's mesh")
     parser.add_argument("--rollout-chips", type=int, default=64)
     parser.add_argument("--actor-chips", type=int, default=32)
     parser.add_argument("--param-dtype", default="bfloat16")

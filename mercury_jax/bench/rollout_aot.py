@@ -1,6 +1,6 @@
 """Ahead-of-time compile one rollout replica's decode (and prefill) programs for TPU; memory, layout, roofline.
 
-The released rollout group is R identical replicas (`rollout.replica`, e.g. tensor=8 -> 8 replicas of 8 chips on
+The released rollout group is R identical replicas (`rollout.replica`, e.g. tensor=4 -> 16 replicas of 4 chips on
 64 chips), so one replica's programs on a topology of the replica's size say what every chip of the group holds.
 The programs are the engine's own (`rollout/sampler.py`): `decode` (`--steps` T = 1 steps for every slot, state
 donated) and `prefill` (one slot's row advanced by `--prefill-tokens` tokens), traced under the replica's mesh
@@ -62,8 +62,8 @@ def abstract_replica(preset: str, topology: str, replica: dict, slots: int, max_
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="qwen3.5-35b-a3b", choices=sorted(PRESETS))
-    parser.add_argument("--topology", default="v5p:2x2x2", help="one replica's chips")
-    parser.add_argument("--replica", default="tensor:8", help="axis:size/axis:size, one replica's mesh")
+    parser.add_argument("--topology", default="v5p:2x2x1", help="one replica's chips")
+    parser.add_argument("--replica", default="tensor:4", help="axis:size/axis:size, one replica's mesh")
     parser.add_argument("--group-chips", type=int, default=64, help="chips of the rollout group (R = group / replica)")
     parser.add_argument("--slots", type=int, default=128, help="slots of the whole group (num_slots)")
     parser.add_argument("--max-length", type=int, default=24576)
