@@ -17,6 +17,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from mercury_jax.parallel import distributed
 from mercury_jax.train import preemption  # SIGTERM: checkpoint the current step, then exit 143
 from mercury_jax.train.environment import record_environment  # package versions of each start
 from mercury_jax.train.pipelines import PIPELINES
@@ -49,7 +50,10 @@ def main(argv):
     if config is None:
         raise app.UsageError("--config is required, e.g. --config experiments/sao.py:tiny")
     if _is_multihost():  # before anything asks JAX about devices (validation counts them)
-        jax.distributed.initialize()
+        if all(os.environ.get(name) for name in distributed.ENV):
+            distributed.initialize_from_env()  # N processes on one machine (gloo collectives on CPU)
+        else:
+            jax.distributed.initialize()  # JAX's own detection (TPU pod, SLURM, ...)
     validate_config(config)
 
     workdir = _WORKDIR.value or os.path.join("runs", f"{config.pipeline}-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -4,7 +4,8 @@
 
 The learner's params lie on process 1's 4 devices (fsdp), two rollout replicas of 2 devices (tensor) on process 0's.
 Both processes publish with `rollout.publish.Publisher`; each checks the replica shards it holds against the bf16 cast
-of the same values, then tries a plain `jax.device_put` of the params into a replica's layout. Prints one JSON line.
+of the same values, then tries a plain `jax.device_put` of the params into a replica's layout, then all-gathers a
+Python object of its own (`parallel.distributed.all_gather_objects`). Prints one JSON line.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from mercury_jax.parallel.distributed import initialize_from_env  # noqa: E402
+from mercury_jax.parallel.distributed import all_gather_objects, initialize_from_env  # noqa: E402
 
 initialize_from_env()
 
@@ -56,7 +57,10 @@ def main():
         plain = "accepted"
     except Exception as error:  # noqa: BLE001 (the refusal is the finding)
         plain = f"refused: {type(error).__name__}"
-    print(json.dumps({"process": jax.process_index(), "processes": jax.process_count(), "devices": len(devices),
+    mine = {"process": jax.process_index(), "items": list(range(3 + 5 * jax.process_index()))}  # unequal sizes
+    gathered = all_gather_objects(mine)
+    print(json.dumps({"gathered": gathered, "process": jax.process_index(), "processes": jax.process_count(),
+                      "devices": len(devices),
                       "local_devices": jax.local_device_count(), "supports": publisher.supports(placed),
                       "checked_shards": checked, "mismatched_shards": mismatched, "device_put": plain}), flush=True)
 

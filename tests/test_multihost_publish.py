@@ -1,7 +1,8 @@
 """The weight publish across processes: 2 JAX processes x 4 CPU devices on this machine (loopback coordinator),
 the learner's params on process 1's devices, two rollout replicas on process 0's. `Publisher`'s two collective
 programs deliver every replica shard bit for bit (bf16 of the same values); a plain `jax.device_put` of the same
-params into a replica's layout is refused by JAX in a multi-process run, which is why publishing uses programs."""
+params into a replica's layout is refused by JAX in a multi-process run, which is why publishing uses programs. And
+`all_gather_objects` (how trajectories reach the learner hosts) hands both processes both processes' objects."""
 from __future__ import annotations
 
 import json
@@ -48,5 +49,7 @@ def test_publish_reaches_replicas_on_another_process():
         assert report["processes"] == 2 and report["devices"] == 8 and report["local_devices"] == 4
         assert report["supports"] and report["mismatched_shards"] == 0
         assert report["device_put"].startswith("refused")
+    expected = [{"process": p, "items": list(range(3 + 5 * p))} for p in range(2)]
+    assert results[0]["gathered"] == results[1]["gathered"] == expected  # every process's object, in order
     # process 0 holds both replicas' devices: every replica leaf's shards (2 replicas x 2 devices each) checked there
     assert results[0]["checked_shards"] > 0 and results[1]["checked_shards"] == 0

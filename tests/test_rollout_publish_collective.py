@@ -1,8 +1,7 @@
 """The collective weight publish (`rollout/publish.py`) on the 8-device CPU mesh, against the plain route (cast, then
 `jax.device_put` into each replica's layout): the same bf16 values bit for bit, the same layouts, on the replicas'
 devices only; the send program is collective-permutes that give every replica device exactly one source with its
-own in-replica coordinate; a replicated engine publishes through it (the plain route's weights, bit for bit) and
-samples on the new version with every replica.
+own in-replica coordinate; a replicated engine publishes through it (the plain route's weights, bit for bit).
 """
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ import pytest
 from flax import nnx
 
 from mercury_jax.parallel import make_mesh, shard_params
-from mercury_jax.rollout import ReplicatedEngine, Request, replica_meshes
+from mercury_jax.rollout import ReplicatedEngine, replica_meshes
 from mercury_jax.rollout.layout import rollout_weights
 from mercury_jax.rollout.publish import Publisher
 from models.qwen35_moe import Qwen35MoeForCausalLM
@@ -117,7 +116,9 @@ def test_publish_refuses_sources_it_cannot_send_from():
         publisher(nnx.state(model))
 
 
-def test_replicated_engine_publishes_by_collectives_and_samples_the_new_weights():
+def test_replicated_engine_publishes_by_collectives():
+    """`ReplicatedEngine.update_weights` from a learner mesh takes the collective route and installs exactly the
+    plain route's weights (sampling after such a publish: tests/test_rollout_replica_worker.py)."""
     devices = jax.devices()
     meshes = replica_meshes(devices[:4], {"tensor": 2})
     learner = on_source(tiny_model(), devices[4:])
@@ -125,14 +126,8 @@ def test_replicated_engine_publishes_by_collectives_and_samples_the_new_weights(
     newer = on_source(tiny_model(seed=11), devices[4:])
     engine.update_weights(newer, version=1)
     assert engine.publisher._programs  # the collective route was taken
-    for replica, mesh in zip(engine.engines, meshes):  # exactly what the plain route would have placed
+    assert [replica.policy_version for replica in engine.engines] == [1, 1]  # idle replicas swap at once
+    for replica, mesh in zip(engine.engines, meshes):
         expected = rollout_weights(nnx.state(newer), mesh, "bfloat16")
         for got, want in zip(jax.tree.leaves(replica.sampler._weights[0]), jax.tree.leaves(expected)):
             np.testing.assert_array_equal(np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16))
-    prompts = [[5, 9, 3, 17], [2, 44, 61], [70, 1, 8, 8, 12], [33]]
-    for i, prompt in enumerate(prompts):
-        engine.submit(Request(request_id=i, prompt=prompt, max_new_tokens=4, seed=i, temperature=0.0))
-    engine.run()
-    assert all(replica._generated > 0 for replica in engine.engines)  # both replicas sampled
-    for i in range(len(prompts)):
-        assert len(engine.results[i].tokens) >= 1 and set(engine.results[i].policy_versions) == {1}
