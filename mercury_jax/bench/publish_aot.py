@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.experimental import topologies  # noqa: E402
 
-from mercury_jax.bench.report import markdown_table, write_section  # noqa: E402
+from mercury_jax.bench.report import V5P_ICI_BYTES_PER_S, markdown_table, write_section  # noqa: E402
 from mercury_jax.parallel import make_mesh, param_shardings, variable_sharding  # noqa: E402
 from mercury_jax.rollout.layout import replica_meshes  # noqa: E402
 from mercury_jax.rollout.publish import Publisher  # noqa: E402
@@ -35,7 +35,6 @@ from models.qwen35_moe import Qwen35MoeForCausalLM  # noqa: E402
 from models.qwen35_moe.config import PRESETS  # noqa: E402
 
 GIB = 2 ** 30
-V5P_ICI_BYTES_PER_S = 600e9  # 4,800 Gbps of inter-chip interconnect per v5p chip (all links), Google's figure
 COLLECTIVES = ("all-to-all", "all-gather", "collective-permute", "all-reduce", "reduce-scatter",
                "ragged-all-to-all")
 _DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1, "f64": 8, "s64": 8}
@@ -129,10 +128,11 @@ def main():
     table = markdown_table(headers, rows)
     stage_in = sum(nbytes for _, nbytes in moved["stage (actor chips)"].values())
     sent = rounds * share
+    ici_ms = (stage_in + sent) / V5P_ICI_BYTES_PER_S * 1e3
     estimate = (f"Bytes per publish, by layout: a rollout chip receives its share once, {share / GIB:.2f} GiB; an "
                 f"actor chip receives {stage_in / GIB:.2f} GiB in `stage` (the HLO's collective results) and sends "
                 f"{rounds} x {share / GIB:.2f} = {sent / GIB:.2f} GiB in `send`. At v5p's 600 GB/s of ICI per chip "
-                f"(all links, an upper bound on what one chip moves) that is >= {(stage_in + sent) / 600e9 * 1e3:.0f} "
+                f"(all links, an upper bound on what one chip moves) that is >= {ici_ms:.0f} "
                 f"ms on an actor chip per publish.")
     print(table)
     print(estimate)

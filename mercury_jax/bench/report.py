@@ -68,6 +68,7 @@ def write_section(name: str, title: str, body: str, command: str, path: Path = B
 # v5p per chip (Google Cloud's published figures): bf16 peak and HBM bandwidth
 V5P_PEAK_FLOPS = 459e12
 V5P_HBM_BYTES_PER_S = 2765e9
+V5P_ICI_BYTES_PER_S = 600e9  # 4,800 Gbps of inter-chip interconnect per v5p chip, all links together
 
 
 def cost_and_roofline(compiled) -> tuple[float, float, float, str]:
