@@ -28,10 +28,10 @@ from flax import nnx  # noqa: E402
 from jax.experimental import topologies  # noqa: E402
 
 from mercury_jax.bench.report import V5P_ICI_BYTES_PER_S, markdown_table, write_section  # noqa: E402
-from mercury_jax.parallel import make_mesh, param_shardings, variable_sharding  # noqa: E402
+from mercury_jax.bench.rollout_aot import abstract_model, laid_out  # noqa: E402
+from mercury_jax.parallel import make_mesh, param_shardings  # noqa: E402
 from mercury_jax.rollout.layout import replica_meshes  # noqa: E402
 from mercury_jax.rollout.publish import Publisher  # noqa: E402
-from models.qwen35_moe import Qwen35MoeForCausalLM  # noqa: E402
 from models.qwen35_moe.config import PRESETS  # noqa: E402
 
 GIB = 2 ** 30
@@ -62,16 +62,6 @@ def collective_bytes(hlo: str) -> dict[str, tuple[int, int]]:
     return {kind: (count, nbytes) for kind, (count, nbytes) in found.items()}
 
 
-def abstract_actor_params(preset: str, mesh):
-    """The model's fp32 params as ShapeDtypeStructs laid out on the actor's mesh by their logical names."""
-    cfg = PRESETS[preset](dtype="bfloat16", param_dtype="float32")
-    model = nnx.eval_shape(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0)))
-    _, state = nnx.split(model)
-    return nnx.from_flat_state([
-        (path, v.replace(jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=variable_sharding(path, v, mesh))))
-        for path, v in nnx.to_flat_state(state)])
-
-
 def share_bytes(params, mesh, dtype_bytes: int) -> int:
     """Bytes of the cast weights one chip of a replica on `mesh` holds (= receives per publish), by layout."""
     received = 0
@@ -98,7 +88,7 @@ def main():
                          f"{args.rollout_chips + args.actor_chips}")
     meshes = replica_meshes(devices[:args.rollout_chips], replica)
     actor = make_mesh({"fsdp": -1}, devices=devices[args.rollout_chips:args.rollout_chips + args.actor_chips])
-    params = abstract_actor_params(args.preset, actor)
+    params = laid_out(nnx.state(abstract_model(args.preset)), actor)  # fp32, as the actor holds them
     publisher = Publisher(meshes, args.param_dtype)
     copies, replicas = args.actor_chips // meshes[0].size, len(meshes)
     rounds = math.ceil(replicas / copies)

@@ -38,17 +38,27 @@ from models.qwen35_moe.config import PRESETS  # noqa: E402
 GIB = 2 ** 30
 
 
+def abstract_model(preset: str) -> nnx.Module:
+    """The preset's model (fp32 params) as abstract shapes: nothing allocated."""
+    cfg = PRESETS[preset](dtype="bfloat16", param_dtype="float32")
+    return nnx.eval_shape(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0)))
+
+
+def laid_out(state: nnx.State, mesh) -> nnx.State:
+    """`state`'s variables as ShapeDtypeStructs laid out on `mesh` by their logical names."""
+    return nnx.from_flat_state([
+        (path, v.replace(jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=variable_sharding(path, v, mesh))))
+        for path, v in nnx.to_flat_state(state)])
+
+
 def abstract_replica(preset: str, topology: str, replica: dict, slots: int, max_length: int, param_dtype: str):
     """(graphdef, abstract bf16 params and decode state laid out on the replica's mesh, the mesh)."""
     devices = topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
     mesh = make_mesh(replica, devices=devices)
-    cfg = PRESETS[preset](dtype="bfloat16", param_dtype="float32")
-    model = nnx.eval_shape(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0)))
+    model = abstract_model(preset)
     graphdef, state = nnx.split(model)
     cast = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, rollout_dtype(a.dtype, param_dtype)), state)
-    params = nnx.from_flat_state([
-        (path, v.replace(jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=variable_sharding(path, v, mesh))))
-        for path, v in nnx.to_flat_state(cast)])
+    params = laid_out(cast, mesh)
 
     shapes = jax.eval_shape(lambda: empty_state(model.init_cache, slots, max_length))
     decode_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes,

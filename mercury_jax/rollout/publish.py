@@ -62,6 +62,7 @@ class Publisher:
         if not self.replica_meshes or len(shapes) != 1 or len({m.axis_names for m in self.replica_meshes}) != 1:
             raise ValueError("Publisher needs one or more replica meshes of one shape and axis order")
         self.param_dtype = param_dtype or None
+        self._replica_devices = {d for m in self.replica_meshes for d in m.devices.flat}
         self._programs: dict = {}
 
     @property
@@ -73,8 +74,7 @@ class Publisher:
         source = _source_mesh(params)
         if source is None or source.size % self.replica_size:
             return False
-        replica_devices = {d for m in self.replica_meshes for d in m.devices.flat}
-        return not replica_devices & set(source.devices.flat)
+        return not self._replica_devices & set(source.devices.flat)
 
     def __call__(self, params) -> list:
         """One weights tree per replica (the structure of `params`, cast, in the replica's layout)."""
@@ -84,9 +84,8 @@ class Publisher:
         programs = self._programs_for(params)
         staged = programs.stage(params)
         placeholders = programs.destinations()
-        leaves = [_union_array(s, p, programs.union, spec, leaf.shape)
-                  for s, p, spec, leaf in zip(jax.tree.leaves(staged), jax.tree.leaves(placeholders),
-                                              programs.union_specs, jax.tree.leaves(params))]
+        leaves = [_union_array(s, p, programs.union, spec)
+                  for s, p, spec in zip(staged, placeholders, programs.union_specs)]
         del staged, placeholders
         received = programs.send(leaves)
         del leaves
@@ -202,11 +201,11 @@ def _source_mesh(params) -> Mesh | None:
     return mesh
 
 
-def _union_array(staged: jax.Array, placeholder: jax.Array, union: Mesh, spec: PartitionSpec, shape) -> jax.Array:
+def _union_array(staged: jax.Array, placeholder: jax.Array, union: Mesh, spec: PartitionSpec) -> jax.Array:
     """One leaf over the union mesh from its per-device pieces: source copies' shards, then the replicas'."""
     pieces = [s.data for s in staged.addressable_shards] + [s.data for s in placeholder.addressable_shards]
-    total = staged.shape[0] + placeholder.shape[0]
-    return jax.make_array_from_single_device_arrays((total, *shape[1:]), NamedSharding(union, spec), pieces,
+    shape = (staged.shape[0] + placeholder.shape[0], *staged.shape[1:])
+    return jax.make_array_from_single_device_arrays(shape, NamedSharding(union, spec), pieces,
                                                     dtype=staged.dtype)  # a process may hold none of the pieces
 
 
