@@ -79,3 +79,28 @@ def cost_and_roofline(compiled) -> tuple[float, float, float, str]:
     flops, nbytes = float(analysis.get("flops", 0.0)), float(analysis.get("bytes accessed", 0.0))
     compute_s, memory_s = flops / V5P_PEAK_FLOPS, nbytes / V5P_HBM_BYTES_PER_S
     return flops, nbytes, max(compute_s, memory_s), "FLOPs" if compute_s >= memory_s else "HBM"
+
+
+def replace_subsection(name: str, label: str, body: str, command: str, path: Path = BENCHMARKS_PATH) -> None:
+    """Replace (or append) the subsection `label` inside section `name` (created if missing), leaving the
+    section's other subsections as they are: one benchmark, several runs (configs, topologies) side by side."""
+    begin, end = f"<!-- begin:{name} -->", f"<!-- end:{name} -->"
+    text = path.read_text() if path.exists() else _HEADER
+    inner = ""
+    if begin in text and end in text:
+        inner = text.split(begin, 1)[1].split(end, 1)[0].strip("\n")
+    sub_begin, sub_end = f"<!-- begin:{name}/{label} -->", f"<!-- end:{name}/{label} -->"
+    sub = (f"{sub_begin}\n### {label}\n\n{body}\n\nMachine: {machine_description()}; revision {git_revision()}.\n"
+           f"Command: `{command}`\n{sub_end}")
+    if sub_begin in inner and sub_end in inner:
+        head, rest = inner.split(sub_begin, 1)
+        inner = head + sub + rest.split(sub_end, 1)[1]
+    else:
+        inner = (inner + "\n\n" + sub) if inner else sub
+    section = f"{begin}\n{inner.strip()}\n{end}"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + section + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(text)

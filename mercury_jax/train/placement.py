@@ -47,18 +47,20 @@ def role_mesh_sizes(config, role: str, num_devices: int | None = None) -> dict[s
                          f"make the axis sizes multiply to {num_devices}, or set one of them to -1") from None
 
 
-def role_meshes(config, roles: Iterable[str]) -> dict:
-    """A mesh per role over its device group (consecutive slices of `jax.devices()`, in `GROUP_ORDER`), shaped by
-    `role_mesh_sizes`."""
+def role_meshes(config, roles: Iterable[str], devices=None) -> dict:
+    """A mesh per role over its device group (consecutive slices of `devices`, default `jax.devices()`, in
+    `GROUP_ORDER`), shaped by `role_mesh_sizes`."""
     groups = {name: config.devices[name] for name in sorted(config.devices, key=GROUP_ORDER.index)}
-    devices = device_groups(groups) if any(groups.values()) else {g: jax.devices()[:1] for g in groups}
+    devices = jax.devices() if devices is None else list(devices)
+    devices = device_groups(groups, devices) if any(groups.values()) else {g: devices[:1] for g in groups}
     return {role: make_mesh(role_mesh_sizes(config, role), devices=devices[DEVICE_GROUP_OF.get(role, role)])
             for role in roles}
 
 
-def device_groups(sizes: dict[str, int]) -> dict[str, list]:
-    """Split the devices into consecutive named groups, e.g. {"rollout": 4, "actor": 2, "critic": 2}."""
-    devices = jax.devices()
+def device_groups(sizes: dict[str, int], devices=None) -> dict[str, list]:
+    """Split `devices` (default `jax.devices()`) into consecutive named groups, e.g. {"rollout": 4, "actor": 2,
+    "critic": 2}."""
+    devices = jax.devices() if devices is None else list(devices)
     if sum(sizes.values()) > len(devices):
         raise ValueError(f"device groups {dict(sizes)} need {sum(sizes.values())} devices but only "
                          f"{len(devices)} exist; shrink the groups in config.devices")
