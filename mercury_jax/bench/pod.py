@@ -40,11 +40,11 @@ import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
+from jax.experimental import topologies  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding  # noqa: E402
 
 from mercury_jax.bench.aot_tpu import abstract_opt_state, abstract_state, batch_spec, load_config, shardings  # noqa: E402
-from mercury_jax.bench.report import (V5P_HBM_BYTES_PER_S, V5P_PEAK_FLOPS, markdown_table,  # noqa: E402
-                                      replace_subsection)
+from mercury_jax.bench.report import V5P_HBM_BYTES_PER_S, V5P_PEAK_FLOPS, markdown_table, replace_subsection  # noqa: E402
 from mercury_jax.bench.rollout_aot import laid_out  # noqa: E402
 from mercury_jax.rollout.layout import replica_meshes, rollout_dtype, row_shardings, state_shardings  # noqa: E402
 from mercury_jax.rollout.publish import Publisher  # noqa: E402
@@ -352,7 +352,8 @@ def verdicts(results: list[Result], hbm_bytes: float, headroom: float) -> list[s
         elif not r.peak <= limit:
             problems.append(f"{r.program.name}: {r.peak / GIB:.2f} GiB a chip ({r.total / GIB:.2f} for the program + "
                             f"{r.program.resident_bytes / GIB:.2f} resident) is over {headroom:.0%} of "
-                            f"{hbm_bytes / GIB:.1f} GiB HBM ({limit / GIB:.2f} GiB) by {(r.peak - limit) / GIB:.2f} GiB")
+                            f"{hbm_bytes / GIB:.1f} GiB HBM ({limit / GIB:.2f} GiB) by "
+                            f"{(r.peak - limit) / GIB:.2f} GiB")
     return problems
 
 
@@ -450,7 +451,6 @@ def topology_devices(topology: str, needed: int) -> tuple[list, str, float]:
     `needed` chips)."""
     if topology == "cpu":
         return jax.devices(), "cpu", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    from jax.experimental import topologies
     if not topology or topology == "v5p":
         size = min(n for n in V5P_TOPOLOGIES if n >= needed)
         topology = f"v5p:{V5P_TOPOLOGIES[size]}"
@@ -526,9 +526,9 @@ def run(argv=None) -> int:
         command = ("PYTHONPATH=<libtpu dir>:. python -m mercury_jax.bench.pod --config " + args.config +
                    (f" --topology {args.topology}" if args.topology else "") + "".join(f" --set {s}" for s in args.set)
                    + (f" --preset {args.preset}" if not config.model.get("preset") else ""))
+        rows = config.sao.batch_prompts if pipeline == "sao" else config.grpo.batch_states * config.grpo.group_size
         text = (f"Groups {groups} over `{topology}`; rollout {config.rollout.get('mode', 'sync')}, "
-                f"{facts['replicas']} replica(s) x {facts['slots']} slots; learner batches "
-                f"{config.sao.batch_prompts if pipeline == 'sao' else config.grpo.batch_states * config.grpo.group_size}"
+                f"{facts['replicas']} replica(s) x {facts['slots']} slots; learner batches {rows}"
                 f" rows x {seq:,} tokens (worst case); model runtime {model_runtime(config.model)}.\n\n" + body
                 + ("\n\n" + estimate if estimate else "") + "\n\n" + verdict)
         replace_subsection("pod", label, text, command)
