@@ -15,9 +15,13 @@ Per program: `compiled.memory_analysis()` per chip (arguments + outputs + tempor
 resident on the same chips while it runs (the other engine's weights and state, the optimiser state a forward
 does not take, the GRPO reference beside the actor), against `--headroom` (default 80%) of the chip's HBM;
 compile seconds; XLA's cost analysis (FLOPs, bytes accessed) beside the model FLOPs counted by hand (6 N T
-for a training step, 2 N T for a forward, N the active parameters, plus causal attention), and a roofline
-time: max(XLA FLOPs / peak, bytes / HBM bandwidth). The step estimate and the model FLOP utilisation follow from
-those rooflines and the counts of each program per step (printed with the derivation). Exit status 1 names every
+for a training step, 2 N T for a forward, N the active parameters, plus causal attention) and the HBM bytes a
+decode step must read (the weights a step touches: all but the routed experts, the expected share of distinct
+routed experts, the decode state). XLA's cost analysis counts a while loop's body once (checked on a `lax.scan`:
+one iteration's FLOPs), and every learner step and decode chunk is a loop (layers, micro-batches, decode steps),
+so its figures are shown but the roofline time is the largest of the lower bounds: max(XLA FLOPs, model FLOPs) /
+peak and max(XLA bytes, decode bytes) / HBM bandwidth. The step estimate and the model FLOP utilisation follow
+from those rooflines and the counts of each program per step (printed with the derivation). Exit status 1 names every
 program over the threshold or refused by the compiler.
 """
 from __future__ import annotations
@@ -76,6 +80,7 @@ class Program:
     resident_note: str = ""
     per_step: float = 1.0           # how many times one step runs it
     model_flops: float = 0.0        # per run of the program, all chips together (hand count)
+    model_bytes: float = 0.0        # per chip per run: HBM bytes it must at least read (hand count; 0: none made)
     group_chips: int = 1            # chips running it (the roofline is per chip; the group works in parallel)
     role: str = ""                  # whose device group it runs on (other roles sharing those devices add residency)
     counted: tuple = ()             # roles whose arrays `resident_bytes` already holds
@@ -97,8 +102,21 @@ class Result:
         return self.total + self.program.resident_bytes
 
     @property
+    def bounds(self) -> dict:
+        """Lower bounds on the program's time on one chip, by what bounds it."""
+        p = self.program
+        return {"XLA FLOPs": self.flops / V5P_PEAK_FLOPS, "XLA bytes": self.bytes_accessed / V5P_HBM_BYTES_PER_S,
+                "model FLOPs": p.model_flops / p.group_chips / V5P_PEAK_FLOPS,
+                "weights + state bytes": p.model_bytes / V5P_HBM_BYTES_PER_S}
+
+    @property
     def roofline_s(self) -> float:
-        return max(self.flops / V5P_PEAK_FLOPS, self.bytes_accessed / V5P_HBM_BYTES_PER_S)
+        return max(v for v in self.bounds.values() if v == v)
+
+    @property
+    def bound(self) -> str:
+        bounds = self.bounds
+        return max((k for k in bounds if bounds[k] == bounds[k]), key=bounds.get)
 
 
 def per_chip_bytes(tree) -> int:
@@ -133,6 +151,25 @@ def active_parameters(cfg) -> tuple[int, int]:
         routed = any(n.startswith("expert_") for n in names) and not any("shared" in n for n in names)
         active += size * cfg.num_experts_per_tok // cfg.num_experts if routed else size
     return active, total
+
+
+def decode_read_bytes(params, decode_state, cfg, slots: int) -> float:
+    """HBM bytes per chip one decode step must read: every weight but the embedding table (a lookup) and the routed
+    experts, the routed experts' expected share of distinct experts hit by `slots` tokens of top-k routing
+    (E (1 - (1 - k / E)^slots) of E, uniform routing), and the whole decode state (K/V caches and GDN states)."""
+    E, k = cfg.num_experts, cfg.num_experts_per_tok
+    hit = 1 - (1 - k / E) ** slots
+    dense = routed = 0
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        names = [str(getattr(p, "key", p)) for p in path]
+        if any("embed" in n for n in names):
+            continue
+        nbytes = per_chip_bytes([leaf])
+        if any(n.startswith("expert_") for n in names):
+            routed += nbytes
+        else:
+            dense += nbytes
+    return dense + hit * routed + per_chip_bytes(decode_state)
 
 
 def attention_flops_per_token(cfg, context: int) -> float:
@@ -190,14 +227,18 @@ def rollout_programs(config, cfg, meshes: dict, devices, *, async_mode: bool) ->
     active, _ = active_parameters(cfg)
     per_token = 2 * active + attention_flops_per_token(cfg, r.max_total_tokens)
     chips = mesh.size if mesh is not None else 1
+    step_bytes = decode_read_bytes(params, decode_state, cfg, slots)
+    weights_bytes = decode_read_bytes(params, {}, cfg, prefill_tokens)  # a long prefill touches every expert
     programs = [
         Program("rollout decode", where, lambda: decode.lower(params, decode_state, steps), other, other_note,
-                model_flops=per_token * slots * steps, group_chips=chips, role="rollout"),
+                model_flops=per_token * slots * steps, model_bytes=step_bytes * steps, group_chips=chips,
+                role="rollout"),
         Program("rollout prefill", where, lambda: prefill_row.lower(params, row_shapes, ids, scalar(jnp.int32),
                                                                     request),
                 per_chip_bytes(decode_state) + other, "the engine's decode state" + (f" + {other_note}" if other
                                                                                    else ""),
-                model_flops=per_token * prefill_tokens, group_chips=chips, role="rollout")]
+                model_flops=per_token * prefill_tokens, model_bytes=weights_bytes, group_chips=chips,
+                role="rollout")]
     facts = dict(replicas=count, slots=slots, steps=steps, prefill_tokens=prefill_tokens, replica_meshes=replicas,
                  param_dtype=param_dtype, engine_bytes=engine_bytes, persistent=engine_bytes + other)
     return programs, facts
@@ -411,17 +452,19 @@ def table(results: list[Result], hbm_bytes: float, headroom: float) -> str:
     for r in results:
         p = r.program
         if r.error:
-            rows.append([p.name, p.chips, "refused", "", "", "", "", f"{r.compile_s:.0f}", "", "", "", r.error[:80]])
+            rows.append([p.name, p.chips, "refused", "", "", "", "", f"{r.compile_s:.0f}", "", "", "", "", "",
+                         r.error[:80]])
             continue
         fits = "fits" if r.peak <= headroom * hbm_bytes else "**over**"
         ratio = r.flops * p.group_chips / p.model_flops if p.model_flops and r.flops == r.flops else math.nan
         rows.append([p.name, p.chips, f"{r.arguments / GIB:.2f}", f"{r.temp / GIB:.2f}", f"{r.total / GIB:.2f}",
                      f"{p.resident_bytes / GIB:.2f}", f"{r.peak / GIB:.2f} ({r.peak / hbm_bytes:.0%}, {fits})",
-                     f"{r.compile_s:.0f}", f"{r.flops / 1e12:.3f}", f"{ratio:.2f}", f"{r.bytes_accessed / GIB:.2f}",
-                     f"{r.roofline_s * 1e3:.2f}"])
+                     f"{r.compile_s:.0f}", f"{r.flops / 1e12:.3f}", f"{p.model_flops / p.group_chips / 1e12:.3f}",
+                     f"{ratio:.2f}", f"{r.bytes_accessed / GIB:.2f}", f"{p.model_bytes / GIB:.2f}" if p.model_bytes
+                     else "", f"{r.roofline_s * 1e3:.2f} ({r.bound})"])
     headers = ["program", "chips", "arguments GiB/chip", "temp GiB/chip", "program GiB/chip", "resident GiB/chip",
-               "peak GiB/chip (of HBM)", "compile s", "XLA TFLOP/chip", "XLA / model FLOPs", "GiB accessed/chip",
-               "roofline ms"]
+               "peak GiB/chip (of HBM)", "compile s", "XLA TFLOP/chip", "model TFLOP/chip", "XLA / model FLOPs",
+               "XLA GiB accessed/chip", "must-read GiB/chip", "roofline ms (bound)"]
     notes = [f"- {r.program.name}: resident = {r.program.resident_note}" for r in results if r.program.resident_note]
     return markdown_table(headers, rows) + ("\n\n" + "\n".join(notes) if notes else "")
 
@@ -495,6 +538,7 @@ def run(argv=None) -> int:
     persistent["rollout"] = facts["persistent"]
     programs = rollout + publish_programs(config, meshes, facts, actor_params, actor_opt_bytes) + learner
     add_shared_residency(programs, meshes, persistent)
+    every_program = {p.name for p in programs}
     if args.only:
         wanted = {name.strip() for name in args.only.split(",")}
         programs = [p for p in programs if p.name in wanted]
@@ -512,7 +556,7 @@ def run(argv=None) -> int:
     problems = verdicts(results, hbm_bytes, args.headroom)
     estimate = ""
     names = {r.program.name for r in results if not r.error}
-    complete = {p.name for p in programs} == names and {"rollout decode", "rollout prefill"} <= names
+    complete = every_program == names  # the estimate needs every program's roofline
     if complete:
         generated = args.generated_tokens or config.rollout.max_turn_tokens
         _, estimate = step_estimate(config, results, facts, generated, chips)
