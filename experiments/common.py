@@ -32,6 +32,9 @@ def base_config(pipeline: str, world: str = "enterprise") -> ml_collections.Conf
     c.tokenizer = tokenizer_config()
     c.world = world_config(world)
     c.train = train_config()
+    # how config.devices' groups take devices (train/placement.py): "consecutive" slices of jax.devices() (on a pod,
+    # whole hosts), or "per_process": each group takes its share of every process's devices
+    c.device_layout = "consecutive"
     return c
 
 

@@ -10,20 +10,28 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import time
 
-import flax
-import jax
-from absl import app, flags, logging
-from ml_collections import config_flags
-
 from mercury_jax.parallel import distributed
-from mercury_jax.train import preemption  # SIGTERM: checkpoint the current step, then exit 143
-from mercury_jax.train.environment import record_environment  # package versions of each start
-from mercury_jax.train.pipelines import PIPELINES
-from mercury_jax.train.resume import check_run_config  # a rerun resumes: it must be the same run
-from mercury_jax.train.rundir import RunDir
-from mercury_jax.train.validate import validate_config
+
+# Multi-process JAX starts before any import that may touch a device (bm25s compiles a jax function when imported)
+# or the config file's own imports: N processes on one machine from JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES /
+# JAX_PROCESS_ID (gloo collectives on CPU), or on a pod (`--multihost`, or a TPU pod's environment) by JAX's own
+# detection.
+MULTIHOST_STARTED = distributed.initialize_for_main(sys.argv)
+
+import flax  # noqa: E402
+import jax  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from mercury_jax.train import preemption  # noqa: E402  (SIGTERM: checkpoint the current step, then exit 143)
+from mercury_jax.train.environment import record_environment  # noqa: E402  (package versions of each start)
+from mercury_jax.train.pipelines import PIPELINES  # noqa: E402
+from mercury_jax.train.resume import check_run_config  # noqa: E402  (a rerun resumes: it must be the same run)
+from mercury_jax.train.rundir import RunDir  # noqa: E402
+from mercury_jax.train.validate import validate_config  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file, e.g. experiments/sao.py:tiny",
                                           lock_config=True)
@@ -34,13 +42,6 @@ _RESUME_FORCE_CONFIG = flags.DEFINE_bool(
     "that change shapes or data (model, tokenizer, world, seed, ...; train/resume.py RESUME_FIELDS)")
 
 
-def _is_multihost() -> bool:
-    if _MULTIHOST.value is not None:
-        return _MULTIHOST.value
-    return any(k in os.environ
-               for k in ("JAX_COORDINATOR_ADDRESS", "TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS"))
-
-
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; options go after --config / --workdir")
@@ -49,11 +50,6 @@ def main(argv):
     config = _CONFIG.value
     if config is None:
         raise app.UsageError("--config is required, e.g. --config experiments/sao.py:tiny")
-    if _is_multihost():  # before anything asks JAX about devices (validation counts them)
-        if all(os.environ.get(name) for name in distributed.ENV):
-            distributed.initialize_from_env()  # N processes on one machine (gloo collectives on CPU)
-        else:
-            jax.distributed.initialize()  # JAX's own detection (TPU pod, SLURM, ...)
     validate_config(config)
 
     workdir = _WORKDIR.value or os.path.join("runs", f"{config.pipeline}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -62,6 +58,10 @@ def main(argv):
           f"jax {jax.__version__}, flax {flax.__version__}, backend {jax.default_backend()}, {jax.device_count()} "
           f"devices ({jax.local_device_count()} local), process {jax.process_index()}/{jax.process_count()}",
           flush=True)
+    if MULTIHOST_STARTED:
+        print(f"multi-process JAX ({MULTIHOST_STARTED}): this is process {jax.process_index()} of "
+              f"{jax.process_count()}; process 0 writes the run's files, every process its checkpoint shards",
+              flush=True)
     check_run_config(run, config, force=_RESUME_FORCE_CONFIG.value)
     run.write_config(config)  # lets `mercury_jax.export` and the sweep rebuild the model
     record_environment(run)

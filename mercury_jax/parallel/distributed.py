@@ -9,12 +9,14 @@ object (how trajectories reach the learner hosts, docs/DESIGN.md "Multi-host").
 """
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec
 
 ENV = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
 
@@ -48,3 +50,88 @@ def all_gather_objects(obj) -> list:
     padded[:data.size] = data
     gathered = np.asarray(multihost_utils.process_allgather(padded))
     return [pickle.loads(gathered[p, :sizes[p]].tobytes()) for p in range(jax.process_count())]
+
+
+def is_primary() -> bool:
+    """Process 0: the one that writes the run's files (metrics, plots, evaluations, config); every process writes
+    its own shards of a checkpoint."""
+    return jax.process_index() == 0
+
+
+def fetch(tree):
+    """`tree` with every array's whole value as numpy on this host (`jax.device_get` for any layout): an array
+    split over other processes' devices is all-gathered on its mesh, and when some process holds none of its
+    devices the values travel by one host-level all-gather. A collective when any leaf spans processes: every
+    process calls it with the same tree."""
+    leaves, treedef = jax.tree.flatten(tree)
+    values, gather = [], False
+    for x in leaves:
+        if not isinstance(x, jax.Array) or x.is_fully_addressable:
+            values.append(np.asarray(jax.device_get(x)))
+            continue
+        whole = x if x.is_fully_replicated else _replicated(x.sharding)(x)  # every process runs it (SPMD)
+        local = {d for d in x.sharding.device_set if d.process_index == jax.process_index()}
+        values.append(np.asarray(whole) if local else None)
+        gather |= {d.process_index for d in x.sharding.device_set} != set(range(jax.process_count()))
+    if gather:
+        every = all_gather_objects(values)
+        values = [next(v[i] for v in every if v[i] is not None) for i in range(len(values))]
+    return jax.tree.unflatten(treedef, values)
+
+
+@functools.lru_cache(maxsize=64)
+def _replicated(sharding):
+    return jax.jit(lambda x: x, out_shardings=NamedSharding(sharding.mesh, PartitionSpec()))
+
+
+def local_meshes(meshes) -> list:
+    """The meshes of `meshes` whose devices all belong to this process; ValueError naming a mesh that spans
+    processes (a rollout replica is driven by the one process its devices belong to)."""
+    mine = []
+    for index, mesh in enumerate(meshes):
+        owners = {d.process_index for d in mesh.devices.flat}
+        if len(owners) > 1:
+            raise ValueError(f"replica {index} spans processes {sorted(owners)}: a rollout replica must lie within "
+                             "one host; make rollout.replica no larger than a host's devices "
+                             f"({jax.local_device_count()}) and the rollout group a whole number of replicas per host")
+        if owners == {jax.process_index()}:
+            mine.append(mesh)
+    return mine
+
+
+def barrier(name: str) -> None:
+    """Every process waits here until all have arrived (e.g. until process 0 has written a file the others read);
+    nothing in a single process."""
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
+
+
+POD_ENV = ("TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS")  # set on a TPU pod's hosts
+
+
+def multihost_flag(argv) -> bool | None:
+    """The `--multihost` flag's value in `argv` (absl spellings: --multihost, --multihost=false, --nomultihost);
+    None when absent. Read before absl parses the flags, as multi-process JAX must start first."""
+    flag = None
+    for arg in argv[1:]:
+        name, _, value = arg.lstrip("-").partition("=")
+        if name == "multihost":
+            flag = value.lower() not in ("false", "0", "no") if value else True
+        elif name == "nomultihost":
+            flag = False
+    return flag
+
+
+def initialize_for_main(argv, environ=os.environ) -> str:
+    """Start multi-process JAX for `mercury_jax.main` before anything touches a device; returns how ("" when not):
+    "environment" (`ENV` set: N processes on one machine), "detected" (`--multihost`, or a TPU pod's `POD_ENV`:
+    `jax.distributed.initialize()` finds the coordinator itself). `--nomultihost` / `--multihost=false` turn it off."""
+    flag = multihost_flag(argv)
+    if flag is False:
+        return ""
+    if initialize_from_env(environ):
+        return "environment"
+    if flag or any(environ.get(name) for name in POD_ENV):
+        jax.distributed.initialize()
+        return "detected"
+    return ""

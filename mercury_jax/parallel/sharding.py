@@ -15,6 +15,8 @@ import jax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from mercury_jax.parallel.distributed import fetch
+
 DEFAULT_RULES: Mapping[str, str | tuple[str, ...] | None] = {
     "vocab": "tensor",
     "embed": "fsdp",
@@ -118,10 +120,17 @@ def init_sharded(make: Callable[[], nnx.Module], mesh: Mesh, rules=DEFAULT_RULES
 
 def copy_into(module_state: nnx.State, abstract_state: nnx.State, mesh: Mesh, rules=DEFAULT_RULES) -> nnx.State:
     """`abstract_state` (same paths) filled with a copy of `module_state`'s arrays, each put straight into its
-    sharding on `mesh` (device to device; never gathered on one device, never aliasing the source)."""
+    sharding on `mesh` (device to device; never gathered on one device, never aliasing the source). Across
+    processes (a source or target this process cannot reach whole) a cross-process `device_put` is refused, so a
+    leaf goes through the hosts instead: gathered whole on every host (`distributed.fetch`, one leaf at a time),
+    each process placing its shards; every process calls it together."""
     source = dict(nnx.to_flat_state(module_state))
     flat = nnx.to_flat_state(abstract_state)
     for path, variable in flat:
-        variable.set_value(jax.device_put(source[path].get_value(), variable_sharding(path, variable, mesh, rules),
-                                          may_alias=False))
+        value, sharding = source[path].get_value(), variable_sharding(path, variable, mesh, rules)
+        if getattr(value, "is_fully_addressable", True) and sharding.is_fully_addressable:
+            variable.set_value(jax.device_put(value, sharding, may_alias=False))
+        else:
+            host = fetch(value)
+            variable.set_value(jax.make_array_from_callback(host.shape, sharding, lambda index, h=host: h[index]))
     return nnx.from_flat_state(flat)

@@ -104,14 +104,14 @@ class Engine:
 
     def __init__(self, model: nnx.Module, *, num_slots: int, max_length: int, steps_per_sync: int = 8,
                  refill: bool = True, policy_version: int = 0, mesh: Mesh | None = None, param_dtype=None,
-                 hbm_gib: float | None = None, weights_swap: str = "chunk"):
+                 hbm_gib: float | None = None, weights_swap: str = "chunk", weights=None):
         if weights_swap not in ("chunk", "request"):
             raise ValueError(f"weights_swap {weights_swap!r} is not 'chunk' (at the next decode chunk) or 'request' "
                              "(between requests: no request mixes versions)")
         self.weights_swap = weights_swap
         self._pending_weights = None  # (prepared params, version) waiting for the running requests to finish
         self.sampler = Sampler(model, num_slots=num_slots, max_length=max_length, policy_version=policy_version,
-                               mesh=mesh, param_dtype=param_dtype, hbm_gib=hbm_gib)
+                               mesh=mesh, param_dtype=param_dtype, hbm_gib=hbm_gib, weights=weights)
         self.num_slots, self.max_length = num_slots, max_length
         self.steps_per_sync, self.refill = steps_per_sync, refill
         self.state = self.sampler.init_state()

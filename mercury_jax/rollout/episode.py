@@ -47,7 +47,7 @@ import collections
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from mercury_jax.chat import observation_ids, parse_assistant, render
@@ -118,16 +118,22 @@ class EpisodeRunner:
 
     # -- public API --
 
-    def run(self, tasks: Iterable[Mapping], *, first_episode_id: int = 0) -> list[Trajectory]:
-        """Run one episode per task (concurrently, refilling slots) and return their trajectories in task order."""
-        return asyncio.run(self.run_async(list(tasks), first_episode_id=first_episode_id))
+    def run(self, tasks: Iterable[Mapping], *, first_episode_id: int = 0,
+            episode_ids: Sequence[int] | None = None) -> list[Trajectory]:
+        """Run one episode per task (concurrently, refilling slots) and return their trajectories in task order.
+        Episode i's id (its requests' ids and sampling keys) is `first_episode_id + i`, or `episode_ids[i]`."""
+        return asyncio.run(self.run_async(list(tasks), first_episode_id=first_episode_id, episode_ids=episode_ids))
 
-    async def run_async(self, tasks: list[Mapping], *, first_episode_id: int = 0) -> list[Trajectory]:
+    async def run_async(self, tasks: list[Mapping], *, first_episode_id: int = 0,
+                        episode_ids: Sequence[int] | None = None) -> list[Trajectory]:
         """`run` inside a running event loop. An episode whose environment failed to open or grade is a placeholder
         trajectory with `env_failure` set (see `failures.py`); any other exception fails the run."""
         self._wake = self._slots = None  # asyncio primitives belong to one event loop
-        episodes = [asyncio.ensure_future(self._run_or_placeholder(task, first_episode_id + i))
-                    for i, task in enumerate(tasks)]
+        ids = list(episode_ids) if episode_ids is not None else [first_episode_id + i for i in range(len(tasks))]
+        if len(ids) != len(tasks):
+            raise ValueError(f"{len(ids)} episode ids for {len(tasks)} tasks")
+        episodes = [asyncio.ensure_future(self._run_or_placeholder(task, episode_id))
+                    for task, episode_id in zip(tasks, ids)]
         driver = asyncio.ensure_future(self.drive(lambda: all(e.done() for e in episodes)))
         try:
             await asyncio.wait([driver, *episodes], return_when=asyncio.FIRST_EXCEPTION)

@@ -13,6 +13,11 @@ so the episode runner and the async worker run over this as over one engine and 
 
 `update_weights(model, version)` casts and moves the weights to every replica (device to device, by collectives
 from a learner mesh: `publish.py`) before returning.
+
+In a multi-process run every process builds this over all R meshes but drives only its own replicas (`engines`:
+the meshes whose devices are its own; a replica spanning processes is refused), while the publish programs span
+them all, so every process calls `update_weights` together; there the first weights also arrive by the publish
+(a cross-process `device_put` is refused).
 By default (`weights_swap="request"`) a replica swaps them once its running requests have finished, admitting no
 new request meanwhile, so no request mixes two versions; each replica swaps on its own, so the others keep
 sampling. Every token records the version that sampled it.
@@ -21,9 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import jax
 from flax import nnx
 from jax.sharding import Mesh
 
+from mercury_jax.parallel.distributed import local_meshes
 from mercury_jax.rollout.engine import Engine, Request, Sample
 from mercury_jax.rollout.publish import Publisher
 
@@ -44,11 +51,18 @@ class ReplicatedEngine:
                  hbm_gib: float | None = None, weights_swap: str = "request", make_engine: Callable = Engine):
         if not meshes:
             raise ValueError("ReplicatedEngine needs at least one replica mesh (rollout.replica_meshes)")
-        self.engines = [make_engine(model, num_slots=num_slots, max_length=max_length, steps_per_sync=steps_per_sync,
-                                    refill=refill, policy_version=policy_version, mesh=mesh, param_dtype=param_dtype,
-                                    hbm_gib=hbm_gib, weights_swap=weights_swap)
-                        for mesh in meshes]
+        local = local_meshes(meshes)
+        self.local_replicas = [i for i, mesh in enumerate(meshes) if mesh in local]  # indices into `meshes`
         self.publisher = Publisher(meshes, param_dtype)
+        first = {}
+        if jax.process_count() > 1:  # the first weights by the collective publish, on every process at once
+            first = {"weights": dict(zip(self.local_replicas, self._published(model)))}
+        self.engines = [make_engine(model, num_slots=num_slots, max_length=max_length, steps_per_sync=steps_per_sync,
+                                    refill=refill, policy_version=policy_version, mesh=meshes[i],
+                                    param_dtype=param_dtype, hbm_gib=hbm_gib, weights_swap=weights_swap,
+                                    **({"weights": first["weights"][i]} if first else {}))
+                        for i in self.local_replicas]
+        self._installed_version = policy_version  # what a process without replicas reports
         self.results: dict[int, Sample] = {}
         for engine in self.engines:
             engine.results = self.results  # one result dict: ids are unique across replicas
@@ -62,7 +76,7 @@ class ReplicatedEngine:
 
     @property
     def policy_version(self) -> int:
-        return self.engines[0].policy_version
+        return self.engines[0].policy_version if self.engines else self._installed_version
 
     def replica_of(self, request_id: int) -> int:
         return self._replica_of[request_id]
@@ -97,15 +111,27 @@ class ReplicatedEngine:
         device: copies of their own, so the caller may donate what it passed once this returns. From a learner
         mesh apart from the replicas by `publish.Publisher`'s two collective programs; otherwise (weights on a
         shared or single device) cast + `device_put` per replica."""
-        params = self.engines[0].sampler.weights_of(model)
-        if self.publisher.supports(params):
-            return self.publisher(params)
-        return [engine.sampler.prepare_weights(params) for engine in self.engines]
+        if self.engines and not self.publisher.supports(self.engines[0].sampler.weights_of(model)):
+            params = self.engines[0].sampler.weights_of(model)
+            return [engine.sampler.prepare_weights(params) for engine in self.engines]
+        return self._published(model)
+
+    def _published(self, model) -> list:
+        """This process's replicas' weights by the collective publish (every process calls it together)."""
+        params = model if isinstance(model, nnx.State) else nnx.state(model)
+        if not self.publisher.supports(params):
+            raise ValueError("a multi-process run publishes to its rollout replicas by collectives "
+                             "(rollout/publish.py), which need the learner's weights on one mesh of a multiple of the "
+                             "replica size, apart from the rollout devices; check config.devices and rollout.replica")
+        trees = self.publisher(params)
+        return [trees[i] for i in self.local_replicas]
 
     def install_weights(self, prepared: list, version: int | None = None) -> None:
         """Hand each replica its prepared weights; each swaps them by its `weights_swap` rule, on its own."""
-        version = max(e.latest_version for e in self.engines) + 1 if version is None else version
-        for engine, params in zip(self.engines, prepared):
+        if version is None:
+            version = max([e.latest_version for e in self.engines] + [self._installed_version]) + 1
+        self._installed_version = version
+        for engine, params in zip(self.engines, prepared, strict=True):
             engine.install_weights(params, version)
 
     def offload(self) -> None:
@@ -126,6 +152,9 @@ class ReplicatedEngine:
 
     def stats(self) -> dict:
         per_replica = [engine.stats() for engine in self.engines]
+        if not per_replica:
+            return {"decode_steps": 0, "generated_tokens": 0, "prefill_tokens": 0, "seconds": 0.0,
+                    "slot_occupancy": 0.0, "tokens_per_second": 0.0, "replicas": 0}
         seconds = max(s["seconds"] for s in per_replica)
         generated = sum(s["generated_tokens"] for s in per_replica)
         slot_steps = sum(s["decode_steps"] for s in per_replica) * self.slots_per_replica

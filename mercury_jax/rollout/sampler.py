@@ -62,7 +62,8 @@ class Sampler:
     """
 
     def __init__(self, model: nnx.Module, *, num_slots: int, max_length: int, policy_version: int = 0,
-                 mesh: Mesh | None = None, param_dtype=None, hbm_gib: float | None = None):
+                 mesh: Mesh | None = None, param_dtype=None, hbm_gib: float | None = None,
+                 weights: nnx.State | None = None):
         self.num_slots, self.max_length = num_slots, max_length
         self.mesh, self.param_dtype = mesh, param_dtype
         self.graphdef, params = nnx.split(model)
@@ -72,7 +73,9 @@ class Sampler:
             self.memory = check_replica_fits(params, jax.eval_shape(self._empty_state), mesh, num_slots=num_slots,
                                              max_length=max_length, param_dtype=param_dtype, hbm_gib=hbm_gib)
         # one tuple, swapped whole: a call never mixes two versions
-        self._weights = (rollout_weights(params, mesh, param_dtype), policy_version)
+        # `weights`: already cast and laid out on `mesh` (a collective publish: replicas.py)
+        self._weights = (weights if weights is not None else rollout_weights(params, mesh, param_dtype),
+                         policy_version)
         self._weights_structure = jax.tree.structure(params)
         # hashes the graphdef once
         self._prefill_row, self._decode, self._take_row, self._commit_row = _compiled(self.graphdef, max_length, mesh)

@@ -23,13 +23,13 @@ import json
 import os
 import time
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from mercury_jax.envs import make_episode
 from mercury_jax.envs.browse.stop_verifier import STOP_RULES
+from mercury_jax.parallel.distributed import all_gather_objects, fetch
 from mercury_jax.rl.advantages import group_advantages
 from mercury_jax.rollout.episode import Budgets
 from mercury_jax.rollout.prefix_episode import PrefixEpisode
@@ -43,7 +43,7 @@ from mercury_jax.train.packing import pack_batch, rows_used
 from mercury_jax.train.pivot_data import build_pivots, prompt_ids, read_pivots, task_tool_schemas
 from mercury_jax.train.placement import batch_to_mesh, role_meshes, state_on_mesh, step_shardings
 from mercury_jax.train.rollouts import Rollouts, Seams
-from mercury_jax.train.rundir import RunDir, StageDir, append_line
+from mercury_jax.train.rundir import RunDir, StageDir, append_line, write_text
 from mercury_jax.train.state import TrainState
 from mercury_jax.train.streams import TaskStream
 from mercury_jax.train.warm_start import starting_policy, starting_policy_name
@@ -138,7 +138,7 @@ class PivotGrpo:
         if keep_G.any():
             forward = batch_to_mesh({k: host_batch[k] for k in ("tokens", "segment_ids") if k in host_batch},
                                     self.meshes["reference"])
-            host_batch["ref_logprobs"] = np.asarray(jax.device_get(self.reference_logprobs(
+            host_batch["ref_logprobs"] = np.asarray(fetch(self.reference_logprobs(
                 self.reference_state, forward["tokens"], forward.get("segment_ids"))))
             reference_s = time.perf_counter() - t1
             learner_metrics, applied = update_actor(self.actor, self.actor_step, host_batch, self.meshes["actor"],
@@ -158,7 +158,7 @@ class PivotGrpo:
 
     def finish(self, history: list[dict], evaluations: list[dict]) -> None:
         if history:
-            self.stage_dir.summary.write_text(json.dumps({"first": history[0], "last": history[-1],
+            write_text(self.stage_dir.summary, json.dumps({"first": history[0], "last": history[-1],
                                                           "steps": self.steps}, indent=2))
 
     # -- the pivot dataset --
@@ -168,7 +168,7 @@ class PivotGrpo:
         `max_total_tokens`."""
         config, cfg, rcfg = self.config, self.cfg, self.rcfg
         path = RunDir(cfg.pivots_path).root if cfg.pivots_path else self.stage_dir.pivots
-        if not path.exists():
+        if not all_gather_objects(path.exists())[0]:  # process 0's view: every process builds it, or none
             self.stage_dir.make()
             tasks = setup.world_tasks(pivot_world(config), "train")
             run_episodes = None
@@ -283,7 +283,7 @@ def update_actor(actor: TrainState, actor_step, host_batch: dict, mesh, cfg: ml_
         for rows in minibatch_rows(len(host_batch["tokens"]), cfg.minibatches, seed, step, epoch):
             minibatch = batch_to_mesh({k: v[rows] for k, v in host_batch.items()}, mesh)
             actor.params, actor.opt_state, update = actor_step(actor.params, actor.frozen, actor.opt_state, minibatch)
-            updates.append(jax.device_get(update))
+            updates.append(fetch(update))
             if not guard.check(step, updates[-1], what=f"actor update (epoch {epoch})"):
                 return {k: float(np.mean([u[k] for u in updates])) for k in LEARNER_KEYS}, False
     return {k: float(np.mean([u[k] for u in updates])) for k in LEARNER_KEYS}, True

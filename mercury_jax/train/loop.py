@@ -19,12 +19,13 @@ import json
 import time
 from typing import Any, Protocol
 
+from mercury_jax.parallel.distributed import is_primary
 from mercury_jax.train import preemption
 from mercury_jax.train.checkpoints import Checkpointer
 from mercury_jax.train.guards import NonFiniteGuard
 from mercury_jax.train.metrics import MetricsLogger
 from mercury_jax.train.resume import read_jsonl, truncate_jsonl
-from mercury_jax.train.rundir import StageDir, append_line, is_local
+from mercury_jax.train.rundir import StageDir, append_line, is_local, write_text
 
 
 @dataclasses.dataclass
@@ -85,14 +86,14 @@ def run_loop(algorithm: Algorithm, stage: StageDir, cadence: Cadence, *, train_c
         checkpointer.save(0, algorithm.arrays(), _meta(algorithm, 0, version, rollouts))
 
     logger = MetricsLogger(stage, total_steps=algorithm.steps, window=cadence.log_window,
-                           tensorboard=is_local(stage.path))
+                           tensorboard=is_local(stage.path) and is_primary())
     logger.truncate(start)
     for log in getattr(algorithm, "logs", ()):
         truncate_jsonl(log, start)
     evaluates = hasattr(algorithm, "evaluate")
     if evaluates:
         if start == 0:
-            stage.evals.write_text(json.dumps({"step": 0, **algorithm.evaluate("warm start")}) + "\n")
+            write_text(stage.evals, json.dumps({"step": 0, **algorithm.evaluate("warm start")}) + "\n")
         else:  # rows after the checkpoint (an evaluation written just before a kill) are replayed
             truncate_jsonl(stage.evals, start)
     guard = NonFiniteGuard.from_config(train_cfg, name=name, history=logger.history)

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from mercury_jax.parallel.distributed import is_primary
 from mercury_jax.train.resume import read_jsonl, write_jsonl
 from mercury_jax.train.rundir import StageDir, append_line, as_path
 
@@ -117,7 +118,8 @@ def save_figure(fig, path: str | os.PathLike):
     fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)
     path = as_path(path)
-    path.write_bytes(buffer.getvalue())
+    if is_primary():  # one process writes a run's files
+        path.write_bytes(buffer.getvalue())
     return path
 
 

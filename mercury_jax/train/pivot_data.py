@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from mercury_jax.chat import parse_assistant
 from mercury_jax.envs.browse.pivots import extract_pivots, write_pivots
 from mercury_jax.envs.episode import oracle_trajectory
+from mercury_jax.parallel.distributed import barrier, is_primary
 from mercury_jax.rollout.messages import trajectory_from_messages
 from mercury_jax.rollout.trajectory import Trajectory
 from mercury_jax.train.rundir import as_path
@@ -54,9 +55,11 @@ def build_pivots(tasks: Sequence[Mapping], path: str | os.PathLike, *, source: s
         chats = [trajectory_messages(task, t, tools) for task, t, tools in
                  zip(tasks, trajectories, task_tool_schemas(tasks))]
     path = as_path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = is_primary()  # every process computes the pivots (the policy's episodes are collective); one writes
     tmp = path.parent / (path.name + ".tmp")
-    tmp.unlink(missing_ok=True)
+    if writer:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.unlink(missing_ok=True)
     counts = {"tasks": len(tasks), "pivots": 0, "sufficient": 0, "tasks_with_pivots": 0}
     for task, messages in zip(tasks, chats):
         pivots = [dict(p, task=dict(task)) for p in extract_pivots(task, messages, source=source,
@@ -65,11 +68,13 @@ def build_pivots(tasks: Sequence[Mapping], path: str | os.PathLike, *, source: s
         if source == "oracle":
             for pivot in pivots:
                 pivot["provenance"]["oracle_options"] = dict(oracle_options or {})
-        counts["pivots"] += write_pivots(pivots, tmp)
+        counts["pivots"] += write_pivots(pivots, tmp) if writer else len(pivots)
         counts["sufficient"] += sum(p["evidence_sufficient"] for p in pivots)
         counts["tasks_with_pivots"] += bool(pivots)
-    tmp.touch()
-    tmp.replace(path)  # a killed build never leaves a partial dataset behind under the final name
+    if writer:
+        tmp.touch()
+        tmp.replace(path)  # a killed build never leaves a partial dataset behind under the final name
+    barrier("pivot dataset written")
     return counts
 
 

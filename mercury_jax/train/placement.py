@@ -1,7 +1,10 @@
 """Where the trainers' arrays live: one mesh per role, and batches / optimiser leaves placed on it.
 
-Roles sit on consecutive device groups (`config.devices`: rollout, actor, critic; all 0 = every role on the
-default device); the GRPO `reference` shares the actor's devices. Each learner role's mesh has the axes (data,
+Roles sit on device groups (`config.devices`: rollout, actor, critic; all 0 = every role on the default device);
+the GRPO `reference` shares the actor's devices. `config.device_layout` says how the groups take devices:
+"consecutive" slices of `jax.devices()` in `GROUP_ORDER` (process-ordered, so on a pod each group is whole hosts),
+or "per_process" (each group takes size / P devices of every one of the P processes: every group spans every host,
+as the multi-process tests run it). Each learner role's mesh has the axes (data,
 fsdp, expert, tensor) with the sizes of `config.mesh.<role>` (one -1 takes the rest of the group). A batch's rows
 are split over (data, fsdp, expert) (`ROW_AXES`, as the MoE dispatches tokens from their own shard) and repeated
 over tensor, which splits heads and hidden units instead.
@@ -26,7 +29,8 @@ from mercury_jax.train.state import TrainState
 
 ROW_AXES = ("data", "fsdp", "expert")
 GROUP_ORDER = ("rollout", "actor", "critic")  # the device groups' order on the device list (a ConfigDict sorts keys)
-DEVICE_GROUP_OF = {"reference": "actor"}  # a role without a device group of its own shares this one's devices
+DEVICE_GROUP_OF = {"reference": "actor"}
+DEVICE_LAYOUTS = ("consecutive", "per_process")  # a role without a device group of its own shares this one's devices
 
 
 def role_devices(config, role: str) -> int:
@@ -52,15 +56,21 @@ def role_meshes(config, roles: Iterable[str], devices=None) -> dict:
     `GROUP_ORDER`), shaped by `role_mesh_sizes`."""
     groups = {name: config.devices[name] for name in sorted(config.devices, key=GROUP_ORDER.index)}
     devices = jax.devices() if devices is None else list(devices)
-    devices = device_groups(groups, devices) if any(groups.values()) else {g: devices[:1] for g in groups}
+    layout = config.get("device_layout", "consecutive")
+    devices = device_groups(groups, devices, layout) if any(groups.values()) else {g: devices[:1] for g in groups}
     return {role: make_mesh(role_mesh_sizes(config, role), devices=devices[DEVICE_GROUP_OF.get(role, role)])
             for role in roles}
 
 
-def device_groups(sizes: dict[str, int], devices=None) -> dict[str, list]:
-    """Split `devices` (default `jax.devices()`) into consecutive named groups, e.g. {"rollout": 4, "actor": 2,
-    "critic": 2}."""
+def device_groups(sizes: dict[str, int], devices=None, layout: str = "consecutive") -> dict[str, list]:
+    """Split `devices` (default `jax.devices()`) into named groups, e.g. {"rollout": 4, "actor": 2, "critic": 2}:
+    consecutive slices, or with `layout="per_process"` each group's size / P devices from each of the P processes
+    (in process order)."""
     devices = jax.devices() if devices is None else list(devices)
+    if layout not in DEVICE_LAYOUTS:
+        raise ValueError(f"device_layout {layout!r} is not one of {DEVICE_LAYOUTS}")
+    if layout == "per_process":
+        return _per_process_groups(sizes, devices)
     if sum(sizes.values()) > len(devices):
         raise ValueError(f"device groups {dict(sizes)} need {sum(sizes.values())} devices but only "
                          f"{len(devices)} exist; shrink the groups in config.devices")
@@ -68,6 +78,28 @@ def device_groups(sizes: dict[str, int], devices=None) -> dict[str, list]:
     for name, size in sizes.items():
         groups[name] = devices[start:start + size]
         start += size
+    return groups
+
+
+def _per_process_groups(sizes: dict[str, int], devices: list) -> dict[str, list]:
+    by_process: dict[int, list] = {}
+    for device in devices:
+        by_process.setdefault(device.process_index, []).append(device)
+    count = len(by_process)
+    uneven = {name: size for name, size in sizes.items() if size % count}
+    if uneven:
+        raise ValueError(f"device_layout 'per_process': groups {uneven} do not split evenly over {count} processes; "
+                         f"make every group in config.devices a multiple of {count}")
+    groups = {name: [] for name in sizes}
+    for process, local in sorted(by_process.items()):
+        shares = {name: size // count for name, size in sizes.items()}
+        if sum(shares.values()) > len(local):
+            raise ValueError(f"device groups {dict(sizes)} take {sum(shares.values())} devices of each process but "
+                             f"process {process} has {len(local)}; shrink the groups in config.devices")
+        start = 0
+        for name, share in shares.items():
+            groups[name] += local[start:start + share]
+            start += share
     return groups
 
 
@@ -83,7 +115,10 @@ def onto_mesh(tree, mesh):
     def on_mesh(x):
         return isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh
 
-    return jax.tree.map(lambda x: x if on_mesh(x) else jax.device_put(x, replicated), tree)
+    def replicate(x):  # from the host value: a device_put of a one-device array onto a mesh with one device per
+        value = np.asarray(x)  # process builds a broken array (jax 0.10: its shards have 2 shards each)
+        return jax.make_array_from_callback(value.shape, replicated, lambda index: value[index])
+    return jax.tree.map(lambda x: x if on_mesh(x) else replicate(x), tree)
 
 
 def state_on_mesh(model: nnx.Module, optimizer_cfg, mesh, trainable=nnx.Param) -> TrainState:
@@ -101,9 +136,15 @@ def step_shardings(state: TrainState):
 
 
 def batch_to_mesh(batch: Mapping, mesh) -> dict:
-    """Host arrays [B, ...] onto `mesh`, rows split over `ROW_AXES`."""
+    """Host arrays [B, ...] onto `mesh`, rows split over `ROW_AXES`. Every process holds the whole batch (in a
+    multi-process run the trajectories reach every host, `rollout/sharded_runner.py`) and places the rows of its
+    own devices."""
     sharding = NamedSharding(mesh, PartitionSpec(ROW_AXES))
-    return {k: jax.device_put(np.asarray(v), sharding) for k, v in batch.items()}
+
+    def place(value):
+        value = np.asarray(value)
+        return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+    return {k: place(v) for k, v in batch.items()}
 
 
 def shardings_of(tree):

@@ -14,6 +14,11 @@ version)` hands new weights over and `evaluator(seed)` gives a runner that sampl
 shared engine with the latest weights (`sync_engine()` first; in async mode `evaluated()` after, which frees the
 shared engine's weights and state until the next evaluation, so the rollout devices hold one engine meanwhile).
 
+Multi-process runs (docs/DESIGN.md "Multi-host") need replicas, each within one process: every process builds the
+`ReplicatedEngine` over all replica meshes and drives its own, the runners are `ShardedRunner`s (episode i on the
+process of replica i mod R; every process gets every trajectory), and `publish` is the collective publish every
+process calls together. Sync mode only so far: the async worker is per process and is refused there.
+
 `Seams` are the parts a caller may replace (tests inject a scripted engine, a synthetic reward, a task list).
 """
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+import jax
 from flax import nnx
 
 from mercury_jax.rollout.engine import Engine
@@ -28,6 +34,7 @@ from mercury_jax.rollout.episode import Budgets, EpisodeRunner, SamplingParams
 from mercury_jax.rollout.failures import trainable
 from mercury_jax.rollout.layout import replica_meshes
 from mercury_jax.rollout.replicas import ReplicatedEngine, slots_per_replica
+from mercury_jax.rollout.sharded_runner import ShardedRunner
 from mercury_jax.rollout.trajectory import Trajectory
 from mercury_jax.rollout.worker import RolloutWorker
 from mercury_jax.train.checkpoints import Checkpointer
@@ -58,6 +65,15 @@ class Rollouts:
         self.runner_options = dict(runner_options or {})
         self.replicas = replica_meshes(self.devices, replica) if replica else None
         self.param_dtype = param_dtype
+        if jax.process_count() > 1:
+            if self.replicas is None:
+                raise ValueError("a multi-process run samples on rollout replicas, each within one host; set "
+                                 "rollout.replica (e.g. {'tensor': 4} on v5p, whose hosts have 4 chips)")
+            if mode != "sync":
+                raise ValueError("rollout.mode='async' runs on one process only for now (its worker would sample "
+                                 "on each host's own schedule); use rollout.mode='sync' on several processes")
+        self.replica_owners = ([int(m.devices.flat[0].process_index) for m in self.replicas]
+                               if self.replicas is not None else [])
         if self.replicas is None:
             self.engine = make_engine(device_copy(model, self.devices[0]), num_slots=num_slots,
                                       max_length=budgets.max_total_tokens, policy_version=version)
@@ -73,8 +89,9 @@ class Rollouts:
     def evaluator(self, seed: int, budgets: Budgets | None = None, **overrides) -> EpisodeRunner:
         """A runner on the shared engine with its own sampling seed (and budgets, reward, episode factory...)."""
         options = {"reward": self.reward, **self.runner_options, **overrides}
-        return EpisodeRunner(self.engine, self.tokenizer, budgets=budgets or self.budgets,
-                             sampling=dataclasses.replace(self.sampling, seed=seed), **options)
+        runner = EpisodeRunner(self.engine, self.tokenizer, budgets=budgets or self.budgets,
+                               sampling=dataclasses.replace(self.sampling, seed=seed), **options)
+        return ShardedRunner(runner, self.replica_owners) if jax.process_count() > 1 else runner
 
     def run(self, tasks: list, *, first_episode_id: int) -> list[Trajectory]:
         """Sync: one episode per task with the latest weights (episode ids from `first_episode_id`)."""

@@ -22,9 +22,10 @@ import json
 import os
 from pathlib import Path
 
-import jax
 import ml_collections
 from etils import epath
+
+from mercury_jax.parallel.distributed import is_primary
 
 STAGES = ("sft", "sao", "grpo")
 # Where the policy's arrays sit inside each stage's checkpoint (what the loop saves as `algorithm.arrays()`).
@@ -47,7 +48,9 @@ def is_local(path: epath.Path) -> bool:
 
 
 def append_line(path: epath.Path, line: str) -> None:
-    """Append `line` (and a newline) to a text file; remote files are read and rewritten."""
+    """Append `line` (and a newline) to a text file (process 0 only); remote files are read and rewritten."""
+    if not is_primary():
+        return
     if is_local(path):
         with open(os.fspath(path), "a") as f:
             f.write(line + "\n")
@@ -55,8 +58,17 @@ def append_line(path: epath.Path, line: str) -> None:
         path.write_text((path.read_text() if path.exists() else "") + line + "\n")
 
 
+def write_text(path: epath.Path, text: str) -> None:
+    """`path.write_text(text)` by process 0 only: one process writes a run's files (docs/DESIGN.md "Multi-host")."""
+    if is_primary():
+        path.write_text(text)
+
+
 def write_atomically(path: epath.Path, text: str) -> None:
-    """Replace a text file through a temporary file and a rename: a kill leaves the old file or the new one."""
+    """Replace a text file through a temporary file and a rename (process 0 only): a kill leaves the old file or
+    the new one."""
+    if not is_primary():
+        return
     staging = path.parent / (path.name + ".tmp")
     staging.write_text(text)
     staging.replace(path)
@@ -88,7 +100,7 @@ class RunDir:
 
     def write_config(self, config: ml_collections.ConfigDict) -> epath.Path:
         """The run's config as JSON (process 0 only): export and the sweep rebuild the run's model from it."""
-        if jax.process_index() == 0:
+        if is_primary():
             self.make()
             self.config.write_text(config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
         return self.config

@@ -21,11 +21,11 @@ import json
 import os
 import time
 
-import jax
 import ml_collections
 import numpy as np
 
 from mercury_jax.evaluation import heldout_summary
+from mercury_jax.parallel.distributed import fetch
 from mercury_jax.rollout.trajectory import Trajectory, batch_trajectories, padded_length
 from mercury_jax.train import setup
 from mercury_jax.train.loop import Cadence, StepResult, run_loop
@@ -33,7 +33,7 @@ from mercury_jax.train.metrics import plot_evaluations
 from mercury_jax.train.packing import pack_batch, rows_used
 from mercury_jax.train.placement import batch_to_mesh, role_meshes, state_on_mesh, step_shardings
 from mercury_jax.train.rollouts import Rollouts, Seams
-from mercury_jax.train.rundir import RunDir, StageDir
+from mercury_jax.train.rundir import RunDir, StageDir, write_text
 from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step
 from mercury_jax.train.streams import TaskStream
 from mercury_jax.train.warm_start import starting_policy
@@ -124,19 +124,19 @@ class Sao:
         for _ in range(self.cfg.critic_epochs):
             critic.params, critic.opt_state, critic_metrics = self.critic_step(critic.params, critic.frozen,
                                                                                critic.opt_state, critic_batch)
-            critic_metrics = jax.device_get(critic_metrics)
+            critic_metrics = fetch(critic_metrics)
             applied = guard.check(step, critic_metrics, what="critic update")
             if not applied:
                 break
-        metrics = {**trajectory_metrics(trajectories), **jax.device_get(adv_stats),
+        metrics = {**trajectory_metrics(trajectories), **fetch(adv_stats),
                    "value_loss": float(critic_metrics["value_loss"]),
                    "critic_grad_norm": float(critic_metrics["grad_norm"])}
         updated = False
         if step > self.cfg.critic_only_steps and applied:
-            actor_batch = batch_to_mesh({**host_batch, "advantages": np.asarray(adv)}, self.meshes["actor"])
+            actor_batch = batch_to_mesh({**host_batch, "advantages": fetch(adv)}, self.meshes["actor"])
             actor.params, actor.opt_state, actor_metrics = self.actor_step(actor.params, actor.frozen,
                                                                            actor.opt_state, actor_batch)
-            actor_metrics = jax.device_get(actor_metrics)
+            actor_metrics = fetch(actor_metrics)
             applied = updated = guard.check(step, actor_metrics, what="actor update")
             metrics.update({k: float(v) for k, v in actor_metrics.items() if k != "loss"})
         metrics.update(staleness_mean=float(staleness.mean()), staleness_max=int(staleness.max()),
@@ -163,7 +163,7 @@ class Sao:
     def finish(self, history: list[dict], evaluations: list[dict]) -> None:
         summary = heldout_summary(evaluations)
         if summary is not None and evaluations[-1]["label"] == self.final_label:
-            self.stage_dir.eval_summary.write_text(json.dumps(summary, indent=1) + "\n")
+            write_text(self.stage_dir.eval_summary, json.dumps(summary, indent=1) + "\n")
             print(f"[sao] {summary['message']}", flush=True)
             plot_evaluations(evaluations, self.stage_dir.heldout_plot,
                              title=f"SAO held-out evaluations ({len(self.eval_tasks)} tasks, the same seeds each "

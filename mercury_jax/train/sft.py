@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from mercury_jax.parallel.distributed import fetch
 from mercury_jax.train.loop import Cadence, StepResult, run_loop
 from mercury_jax.train.optim import make_optimizer
 from mercury_jax.train.packing import pack_sequences
@@ -64,7 +64,7 @@ class Sft:
         batch = self.batch(step)
         state = self.state
         state.params, state.opt_state, metrics = self.update(state.params, state.frozen, state.opt_state, batch)
-        metrics = jax.device_get(metrics)
+        metrics = fetch(metrics)
         applied = guard.check(step, metrics)  # raises before this step can be logged or saved
         return StepResult({**metrics, "tokens": float(np.sum(batch["segment_ids"] > 0))}, applied=applied)
 

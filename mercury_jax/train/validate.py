@@ -16,7 +16,7 @@ from mercury_jax.parallel import MESH_AXES
 from mercury_jax.rl.aggregation import LOSS_AGG_MODES
 from mercury_jax.train.guards import NonFiniteGuard
 from mercury_jax.train.pivot_data import SOURCES
-from mercury_jax.train.placement import role_devices, role_mesh_sizes, row_shards
+from mercury_jax.train.placement import DEVICE_LAYOUTS, role_devices, role_mesh_sizes, row_shards
 from models.qwen35_moe.config import ATTENTION_IMPLS, GDN_IMPLS, MOE_IMPLS, REMAT_POLICIES
 
 REQUIRED = {
@@ -113,6 +113,12 @@ def _check_device_groups(config) -> None:
     if total > jax.device_count():
         raise ConfigError(f"config.devices {groups} needs {total} devices but {jax.device_count()} exist; shrink "
                           f"the groups (e.g. --config.devices.rollout=1)")
+    layout = config.get("device_layout", "consecutive")
+    if layout not in DEVICE_LAYOUTS:
+        raise ConfigError(f"device_layout {layout!r} is not one of {DEVICE_LAYOUTS}")
+    if layout == "per_process" and total and any(size % jax.process_count() for size in groups.values()):
+        raise ConfigError(f"device_layout 'per_process' splits every group over the {jax.process_count()} processes: "
+                          f"config.devices {groups} has a group that is not a multiple of {jax.process_count()}")
     _check_rollout_replicas(config)
 
 

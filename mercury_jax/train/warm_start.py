@@ -12,7 +12,7 @@ from mercury_jax.chat import render
 from mercury_jax.rollout.messages import trajectory_from_messages
 from mercury_jax.train import setup
 from mercury_jax.train.placement import role_meshes
-from mercury_jax.train.rundir import RunDir
+from mercury_jax.train.rundir import RunDir, write_text
 from mercury_jax.train.sft import run_sft
 
 
@@ -42,7 +42,7 @@ def run_sft_pipeline(config: ml_collections.ConfigDict, workdir: str | os.PathLi
                              checkpoint_cfg=config.sft.get("checkpoint") or config.checkpoint,
                              pad_id=tokenizer.pad_id, train_cfg=config.get("train"), mesh=mesh)
     summary = {"final_loss": history[-1]["loss"] if history else None, "steps": config.sft.steps}
-    run.sft_summary.write_text(json.dumps(summary, indent=2))
+    write_text(run.sft_summary, json.dumps(summary, indent=2))
     return model, tokenizer
 
 
