@@ -2,8 +2,8 @@
 
     python -m mercury_jax.main --config tests/multihost_config.py:sao --workdir DIR
 
-8 devices split `per_process` (one process: all 8; two processes: 4 of each one's devices): rollout 4 (replicas of 1
-device, 2 on each process), actor 2 and critic 2 (one device on each process), so every group spans both processes.
+8 devices split `per_process` (one process: all 8; two processes: 4 of each one's devices): rollout 4 (replicas of 2
+devices, one on each process), actor 2 and critic 2 (one device on each process), so every group spans both processes.
 Learner meshes of 2 devices: a sum over them adds the same two numbers in either process layout (over 4 devices the
 in-process and the gloo all-reduce add in different orders: the same values to ~1e-6). Sync rollouts, no
 more than a 3-step SFT warm start, a few short episodes a step.
@@ -25,7 +25,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.sft.steps, c.sft.batch_rows, c.sft.row_length = 3, 4, 512
     c.sft.optimizer.warmup_steps = 0
     c.device_layout = "per_process"
-    c.rollout.replica = ml_collections.ConfigDict(dict(fsdp=1))
+    c.rollout.replica = ml_collections.ConfigDict(dict(fsdp=2))  # one replica a process: half the compiles
     c.rollout.num_slots = 8
     c.rollout.max_tool_turns, c.rollout.max_turn_tokens = 2, 24
     c.checkpoint.async_save = True

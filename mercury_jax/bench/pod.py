@@ -49,7 +49,7 @@ from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding  # n
 
 from mercury_jax.bench.aot_tpu import abstract_opt_state, abstract_state, batch_spec, load_config, shardings  # noqa: E402
 from mercury_jax.bench.report import V5P_HBM_BYTES_PER_S, V5P_PEAK_FLOPS, markdown_table, replace_subsection  # noqa: E402
-from mercury_jax.bench.rollout_aot import laid_out  # noqa: E402
+from mercury_jax.bench.rollout_aot import decode_read_bytes, laid_out, per_chip_bytes  # noqa: E402
 from mercury_jax.rollout.layout import replica_meshes, rollout_dtype, row_shardings, state_shardings  # noqa: E402
 from mercury_jax.rollout.publish import Publisher  # noqa: E402
 from mercury_jax.rollout.replicas import slots_per_replica  # noqa: E402
@@ -119,15 +119,6 @@ class Result:
         return max((k for k in bounds if bounds[k] == bounds[k]), key=bounds.get)
 
 
-def per_chip_bytes(tree) -> int:
-    """Bytes one chip holds of `tree`'s sharded abstract leaves (the largest shard; a replicated leaf whole)."""
-    total = 0
-    for leaf in jax.tree.leaves(tree):
-        shape = leaf.sharding.shard_shape(leaf.shape) if getattr(leaf, "sharding", None) is not None else leaf.shape
-        total += int(np.prod(shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
-    return total
-
-
 def model_config(config, preset: str, dtype: str = "float32"):
     """The run's model architecture: its preset (the `:tiny` overrides included) or, for a run that loads an HF
     checkpoint, `preset` (the checkpoint's architecture: shapes need no weights), with the run's runtime fields."""
@@ -151,25 +142,6 @@ def active_parameters(cfg) -> tuple[int, int]:
         routed = any(n.startswith("expert_") for n in names) and not any("shared" in n for n in names)
         active += size * cfg.num_experts_per_tok // cfg.num_experts if routed else size
     return active, total
-
-
-def decode_read_bytes(params, decode_state, cfg, slots: int) -> float:
-    """HBM bytes per chip one decode step must read: every weight but the embedding table (a lookup) and the routed
-    experts, the routed experts' expected share of distinct experts hit by `slots` tokens of top-k routing
-    (E (1 - (1 - k / E)^slots) of E, uniform routing), and the whole decode state (K/V caches and GDN states)."""
-    E, k = cfg.num_experts, cfg.num_experts_per_tok
-    hit = 1 - (1 - k / E) ** slots
-    dense = routed = 0
-    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-        names = [str(getattr(p, "key", p)) for p in path]
-        if any("embed" in n for n in names):
-            continue
-        nbytes = per_chip_bytes([leaf])
-        if any(n.startswith("expert_") for n in names):
-            routed += nbytes
-        else:
-            dense += nbytes
-    return dense + hit * routed + per_chip_bytes(decode_state)
 
 
 def attention_flops_per_token(cfg, context: int) -> float:
