@@ -134,7 +134,13 @@ class _Programs:
         dtypes = [rollout_dtype(leaf.dtype, param_dtype) for leaf in leaves]
 
         replica_specs = [s.spec for s in self.replica_shardings[0]]
-        interim = [_interim_sharding(spec, first, leaf.shape, source) for spec, leaf in zip(replica_specs, leaves)]
+        # the interim re-split only from a source split along one axis (fsdp: the released actor), where XLA would
+        # otherwise gather whole leaves; from a multi-axis source (e.g. fsdp x expert x tensor) the copies' layout is
+        # the source's minus some axes (an all-gather), and a re-split over every axis first makes XLA gather whole
+        # leaves instead (Qwen3.5-397B-A17B: 1.5 TB of temporaries, BENCHMARKS "pod")
+        one_axis = sum(size > 1 for size in source.shape.values()) <= 1
+        interim = [_interim_sharding(spec, first, leaf.shape, source) if one_axis else None
+                   for spec, leaf in zip(replica_specs, leaves)]
 
         def stage(tree):
             # Each leaf is first split over all source devices along the dim the replica splits (one all-to-all),
