@@ -35,16 +35,17 @@ def test_pod_compiles_every_program_of_the_tiny_sao_run(capsys):
 
 
 @pytest.mark.slow
-def test_pod_compiles_every_program_of_the_tiny_grpo_run(capsys):
+def test_pod_compiles_the_tiny_grpo_learner_programs(capsys):
     spread = ["--set", "devices.rollout=4", "--set", "devices.actor=4", "--set", "rollout.replica={'fsdp': 2}",
               "--set", "rollout.param_dtype=bfloat16"]
-    status = pod.run(["--config", "experiments/grpo.py:tiny", "--topology", "cpu", "--no-write", *spread])
+    # the rollout and publish programs are the SAO test's; here the GRPO learner's two
+    status = pod.run(["--config", "experiments/grpo.py:tiny", "--topology", "cpu", "--no-write", *spread,
+                      "--only", "reference log-probs,grpo step"])
     out = capsys.readouterr().out
     assert status == 0, out
-    for name in ("rollout decode", "rollout prefill", "publish stage", "publish send", "reference log-probs",
-                 "grpo step"):
+    for name in ("reference log-probs", "grpo step"):
         assert f"| {name} |" in out, name
-    assert "Step estimate (grpo" in out
+    assert "Every program fits" in out
 
 
 def test_pod_fails_naming_the_program_over_the_threshold(capsys):

@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from mercury_jax.parallel import make_mesh
-from mercury_jax.parallel.distributed import fetch, initialize_for_main, local_meshes, multihost_flag
+from mercury_jax.parallel.distributed import fetch, initialize_for_main, local_meshes, multihost_flag, on_tpu_pod
 from mercury_jax.rollout.sharded_runner import ShardedRunner
 from mercury_jax.train.placement import batch_to_mesh, device_groups
 
@@ -45,6 +45,9 @@ def test_multihost_flag_spellings():
     # off, or nothing in the environment: no jax.distributed start (this process has already touched its devices)
     assert initialize_for_main(["main", "--nomultihost"], environ={"JAX_COORDINATOR_ADDRESS": "x:1"}) == ""
     assert initialize_for_main(["main"], environ={}) == ""
+    # one host listed (a single-host TPU VM, or the AOT benchmarks' "localhost" for libtpu): not a pod
+    assert initialize_for_main(["main"], environ={"TPU_WORKER_HOSTNAMES": "localhost"}) == ""
+    assert on_tpu_pod({"TPU_WORKER_HOSTNAMES": "10.0.0.2,10.0.0.3"}) and not on_tpu_pod({})
 
 
 def test_batch_rows_are_placed_from_the_host_batch():

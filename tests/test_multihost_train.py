@@ -45,7 +45,8 @@ def _launch(pipeline: str, workdir: Path, logs: Path, processes: int) -> list[su
     for rank in range(processes):
         env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
                    XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES_PER_PROCESS}")
-        for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+        # the test process's own multi-process or TPU settings (the AOT benchmarks set TPU_WORKER_HOSTNAMES) stay out
+        for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "TPU_WORKER_HOSTNAMES"):
             env.pop(name, None)
         if processes > 1:
             env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(processes),

@@ -106,7 +106,11 @@ def barrier(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
-POD_ENV = ("TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS")  # set on a TPU pod's hosts
+def on_tpu_pod(environ=os.environ) -> bool:
+    """A TPU pod's host: `TPU_WORKER_HOSTNAMES` lists more than one host (a single-host TPU VM, or a benchmark that
+    sets "localhost" for libtpu, lists one), or a multi-slice `MEGASCALE_COORDINATOR_ADDRESS` is set."""
+    hosts = [h for h in environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h.strip()]
+    return len(hosts) > 1 or bool(environ.get("MEGASCALE_COORDINATOR_ADDRESS"))
 
 
 def multihost_flag(argv) -> bool | None:
@@ -124,14 +128,14 @@ def multihost_flag(argv) -> bool | None:
 
 def initialize_for_main(argv, environ=os.environ) -> str:
     """Start multi-process JAX for `mercury_jax.main` before anything touches a device; returns how ("" when not):
-    "environment" (`ENV` set: N processes on one machine), "detected" (`--multihost`, or a TPU pod's `POD_ENV`:
+    "environment" (`ENV` set: N processes on one machine), "detected" (`--multihost`, or a TPU pod, `on_tpu_pod`:
     `jax.distributed.initialize()` finds the coordinator itself). `--nomultihost` / `--multihost=false` turn it off."""
     flag = multihost_flag(argv)
     if flag is False:
         return ""
     if initialize_from_env(environ):
         return "environment"
-    if flag or any(environ.get(name) for name in POD_ENV):
+    if flag or on_tpu_pod(environ):
         jax.distributed.initialize()
         return "detected"
     return ""
