@@ -79,6 +79,14 @@ def fetch(tree):
     return jax.tree.unflatten(treedef, values)
 
 
+def from_host(value, sharding) -> jax.Array:
+    """A host value (the same on every process) as an array of `sharding`, each process placing its own shards: works
+    for any layout, where a `device_put` onto a mesh spanning processes is refused (a jax array) or can build a
+    broken array (jax 0.10, a one-device array onto a mesh with one device a process)."""
+    value = np.asarray(value)
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
+
 @functools.lru_cache(maxsize=64)
 def _replicated(sharding):
     return jax.jit(lambda x: x, out_shardings=NamedSharding(sharding.mesh, PartitionSpec()))

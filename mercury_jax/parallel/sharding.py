@@ -15,7 +15,7 @@ import jax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from mercury_jax.parallel.distributed import fetch
+from mercury_jax.parallel.distributed import fetch, from_host
 
 DEFAULT_RULES: Mapping[str, str | tuple[str, ...] | None] = {
     "vocab": "tensor",
@@ -131,6 +131,5 @@ def copy_into(module_state: nnx.State, abstract_state: nnx.State, mesh: Mesh, ru
         if getattr(value, "is_fully_addressable", True) and sharding.is_fully_addressable:
             variable.set_value(jax.device_put(value, sharding, may_alias=False))
         else:
-            host = fetch(value)
-            variable.set_value(jax.make_array_from_callback(host.shape, sharding, lambda index, h=host: h[index]))
+            variable.set_value(from_host(fetch(value), sharding))
     return nnx.from_flat_state(flat)

@@ -111,9 +111,10 @@ class ReplicatedEngine:
         device: copies of their own, so the caller may donate what it passed once this returns. From a learner
         mesh apart from the replicas by `publish.Publisher`'s two collective programs; otherwise (weights on a
         shared or single device) cast + `device_put` per replica."""
-        if self.engines and not self.publisher.supports(self.engines[0].sampler.weights_of(model)):
+        if self.engines:
             params = self.engines[0].sampler.weights_of(model)
-            return [engine.sampler.prepare_weights(params) for engine in self.engines]
+            if not self.publisher.supports(params):
+                return [engine.sampler.prepare_weights(params) for engine in self.engines]
         return self._published(model)
 
     def _published(self, model) -> list:

@@ -24,13 +24,14 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from mercury_jax.parallel import make_mesh, mesh_axis_sizes, shard_params
+from mercury_jax.parallel.distributed import from_host
 from mercury_jax.train.optim import make_optimizer
 from mercury_jax.train.state import TrainState
 
 ROW_AXES = ("data", "fsdp", "expert")
 GROUP_ORDER = ("rollout", "actor", "critic")  # the device groups' order on the device list (a ConfigDict sorts keys)
-DEVICE_GROUP_OF = {"reference": "actor"}
-DEVICE_LAYOUTS = ("consecutive", "per_process")  # a role without a device group of its own shares this one's devices
+DEVICE_GROUP_OF = {"reference": "actor"}  # a role without a device group of its own shares this one's devices
+DEVICE_LAYOUTS = ("consecutive", "per_process")  # how the groups take devices (config.device_layout)
 
 
 def role_devices(config, role: str) -> int:
@@ -115,10 +116,7 @@ def onto_mesh(tree, mesh):
     def on_mesh(x):
         return isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh
 
-    def replicate(x):  # from the host value: a device_put of a one-device array onto a mesh with one device per
-        value = np.asarray(x)  # process builds a broken array (jax 0.10: its shards have 2 shards each)
-        return jax.make_array_from_callback(value.shape, replicated, lambda index: value[index])
-    return jax.tree.map(lambda x: x if on_mesh(x) else replicate(x), tree)
+    return jax.tree.map(lambda x: x if on_mesh(x) else from_host(x, replicated), tree)
 
 
 def state_on_mesh(model: nnx.Module, optimizer_cfg, mesh, trainable=nnx.Param) -> TrainState:
@@ -140,11 +138,7 @@ def batch_to_mesh(batch: Mapping, mesh) -> dict:
     multi-process run the trajectories reach every host, `rollout/sharded_runner.py`) and places the rows of its
     own devices."""
     sharding = NamedSharding(mesh, PartitionSpec(ROW_AXES))
-
-    def place(value):
-        value = np.asarray(value)
-        return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
-    return {k: place(v) for k, v in batch.items()}
+    return {k: from_host(v, sharding) for k, v in batch.items()}
 
 
 def shardings_of(tree):
