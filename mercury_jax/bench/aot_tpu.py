@@ -20,12 +20,14 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
+import ast  # noqa: E402
 import importlib.util  # noqa: E402
 import re  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.experimental import topologies  # noqa: E402
@@ -53,6 +55,29 @@ def load_config(path: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.get_config(variant or None)
+
+
+def apply_overrides(config, items: list[str]) -> None:
+    """`--set a.b=VALUE` for each item: a Python literal (a dict becomes a ConfigDict; a field may be new), cast to
+    the type of the scalar it replaces (a bool from "True"), else the bare string."""
+    for item in items:
+        field, _, text = item.partition("=")
+        *path, name = field.split(".")
+        section = config
+        for key in path:
+            section = section[key]
+        old = section.get(name)
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        if isinstance(value, dict):
+            value = ml_collections.ConfigDict(value)
+        elif isinstance(old, bool):
+            value = text == "True"
+        elif old is not None and not isinstance(old, ml_collections.ConfigDict):
+            value = type(old)(value)
+        section[name] = value
 
 
 def abstract_state(module_fn, mesh, trainable):
@@ -142,13 +167,7 @@ def main(argv=None):
     parser.add_argument("--write", action="store_true", help="append the row to BENCHMARKS.md's aot_tpu section")
     args = parser.parse_args(argv)
     config = load_config(args.config)
-    for item in args.set:
-        field, _, value = item.partition("=")
-        *path, name = field.split(".")
-        section = config
-        for key in path:
-            section = section[key]
-        section[name] = type(section[name])(value) if not isinstance(section[name], bool) else value == "True"
+    apply_overrides(config, args.set)
     if args.rows is None:
         args.rows = (config.sao.batch_prompts if "sao" in config
                      else config.grpo.batch_states * config.grpo.group_size // config.grpo.minibatches)

@@ -32,7 +32,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")  # a single-host topology; silences libtpu's probe
 
 import argparse  # noqa: E402
-import ast  # noqa: E402
 import dataclasses  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
@@ -41,24 +40,30 @@ from collections.abc import Callable  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.experimental import topologies  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding  # noqa: E402
 
-from mercury_jax.bench.aot_tpu import abstract_opt_state, abstract_state, batch_spec, load_config, shardings  # noqa: E402
+from mercury_jax.bench.aot_tpu import (  # noqa: E402
+    abstract_opt_state,
+    abstract_state,
+    apply_overrides,
+    batch_spec,
+    load_config,
+    shardings,
+)
 from mercury_jax.bench.report import V5P_HBM_BYTES_PER_S, V5P_PEAK_FLOPS, markdown_table, replace_subsection  # noqa: E402
-from mercury_jax.bench.rollout_aot import decode_read_bytes, laid_out, per_chip_bytes  # noqa: E402
-from mercury_jax.rollout.layout import replica_meshes, rollout_dtype, row_shardings, state_shardings  # noqa: E402
+from mercury_jax.bench.rollout_aot import abstract_engine, decode_read_bytes, laid_out, per_chip_bytes, prefill_inputs  # noqa: E402
+from mercury_jax.rollout.layout import replica_meshes  # noqa: E402
 from mercury_jax.rollout.publish import Publisher  # noqa: E402
 from mercury_jax.rollout.replicas import slots_per_replica  # noqa: E402
-from mercury_jax.rollout.sampler import MAX_STOP_IDS, _compiled, bucket_length, empty_state  # noqa: E402
+from mercury_jax.rollout.sampler import _compiled, bucket_length  # noqa: E402
 from mercury_jax.train.grpo_learner import make_grpo_step, make_reference_logprobs  # noqa: E402
 from mercury_jax.train.optim import make_optimizer  # noqa: E402
 from mercury_jax.train.placement import role_meshes  # noqa: E402
 from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step  # noqa: E402
-from mercury_jax.train.setup import model_runtime  # noqa: E402
+from mercury_jax.train.setup import model_runtime, preset_config  # noqa: E402
 from models.qwen35_moe import Qwen35MoeForCausalLM  # noqa: E402
 from models.qwen35_moe.config import PRESETS  # noqa: E402
 from models.qwen35_moe.critic import Qwen35MoeCritic, critic_trainable  # noqa: E402
@@ -119,14 +124,11 @@ class Result:
         return max((k for k in bounds if bounds[k] == bounds[k]), key=bounds.get)
 
 
-def model_config(config, preset: str, dtype: str = "float32"):
-    """The run's model architecture: its preset (the `:tiny` overrides included) or, for a run that loads an HF
-    checkpoint, `preset` (the checkpoint's architecture: shapes need no weights), with the run's runtime fields."""
-    runtime = dict(model_runtime(config.model), param_dtype=dtype)
-    if config.model.get("preset") == "tiny":
-        vocab = -(-config.tokenizer.vocab_size // 64) * 64
-        return PRESETS["tiny"](vocab_size=vocab, **runtime, **config.model.overrides.to_dict())
-    return PRESETS[config.model.get("preset") or preset](**runtime)
+def model_config(config, preset: str):
+    """The run's model architecture as the trainer builds it (`setup.preset_config`): its preset (the `:tiny`
+    overrides included) or, for a run that loads an HF checkpoint, `preset` (the checkpoint's architecture: shapes
+    need no weights)."""
+    return preset_config(config.model, config.tokenizer.vocab_size, config.model.get("preset") or preset)
 
 
 def active_parameters(cfg) -> tuple[int, int]:
@@ -153,7 +155,7 @@ def attention_flops_per_token(cfg, context: int) -> float:
 
 # -- the programs -------------------------------------------------------------------------------------------------
 
-def rollout_programs(config, cfg, meshes: dict, devices, *, async_mode: bool) -> tuple[list[Program], dict]:
+def rollout_programs(config, cfg, meshes: dict, *, async_mode: bool) -> tuple[list[Program], dict]:
     """The engine's decode and largest prefill on one replica (or the single engine on the first rollout device),
     and facts the step estimate needs."""
     r = config.rollout
@@ -167,29 +169,13 @@ def rollout_programs(config, cfg, meshes: dict, devices, *, async_mode: bool) ->
     else:
         replicas, mesh, count, slots = [], None, 1, r.num_slots
     model = nnx.eval_shape(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0)))
-    graphdef, state = nnx.split(model)
-    cast = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, rollout_dtype(a.dtype, param_dtype)), state)
-    one = SingleDeviceSharding(rollout_devices[0])
-    if mesh is not None:
-        params = laid_out(cast, mesh)
-    else:
-        params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one), cast)
-    shapes = jax.eval_shape(lambda: empty_state(model.init_cache, slots, r.max_total_tokens))
-    state_sh = state_shardings(shapes, mesh) if mesh is not None else jax.tree.map(lambda _: one, shapes)
-    decode_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, state_sh)
-    row = jax.eval_shape(lambda: model.init_cache(1, r.max_total_tokens))
-    row_sh = row_shardings(row, mesh) if mesh is not None else jax.tree.map(lambda _: one, row)
-    row_shapes = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), row, row_sh)
+    graphdef, params, decode_state, row_shapes, _, _ = abstract_engine(
+        model, slots, r.max_total_tokens, param_dtype, mesh=mesh, device=rollout_devices[0])
     steps = int(r.get("steps_per_sync", 8))
     prefill_tokens = bucket_length(r.max_total_tokens - r.max_turn_tokens, r.max_total_tokens)
     prefill_row, decode, _, _ = _compiled(graphdef, r.max_total_tokens, mesh)
-    whole = NamedSharding(mesh, PartitionSpec()) if mesh is not None else one
-    scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=whole)  # noqa: E731
-    request = {"reset": scalar(bool), "limit": scalar(jnp.int32), "request_id": scalar(jnp.int32),
-               "seed": scalar(jnp.int32), "temperature": scalar(jnp.float32), "top_k": scalar(jnp.int32),
-               "top_p": scalar(jnp.float32),
-               "stop_ids": jax.ShapeDtypeStruct((MAX_STOP_IDS,), jnp.int32, sharding=whole)}
-    ids = jax.ShapeDtypeStruct((1, prefill_tokens), jnp.int32, sharding=whole)
+    whole = NamedSharding(mesh, PartitionSpec()) if mesh is not None else SingleDeviceSharding(rollout_devices[0])
+    inputs = prefill_inputs(prefill_tokens, whole)
     engine_bytes = per_chip_bytes(params) + per_chip_bytes(decode_state)
     # async: the worker's engine samples while the evaluation engine (offloaded between evaluations) evaluates
     other = engine_bytes if async_mode else 0
@@ -205,8 +191,7 @@ def rollout_programs(config, cfg, meshes: dict, devices, *, async_mode: bool) ->
         Program("rollout decode", where, lambda: decode.lower(params, decode_state, steps), other, other_note,
                 model_flops=per_token * slots * steps, model_bytes=step_bytes * steps, group_chips=chips,
                 role="rollout"),
-        Program("rollout prefill", where, lambda: prefill_row.lower(params, row_shapes, ids, scalar(jnp.int32),
-                                                                    request),
+        Program("rollout prefill", where, lambda: prefill_row.lower(params, row_shapes, *inputs),
                 per_chip_bytes(decode_state) + other, "the engine's decode state" + (f" + {other_note}" if other
                                                                                    else ""),
                 model_flops=per_token * prefill_tokens, model_bytes=weights_bytes, group_chips=chips,
@@ -216,7 +201,7 @@ def rollout_programs(config, cfg, meshes: dict, devices, *, async_mode: bool) ->
     return programs, facts
 
 
-def publish_programs(config, meshes: dict, rollout: dict, learner_params, learner_resident: int) -> list[Program]:
+def publish_programs(meshes: dict, rollout: dict, learner_params, learner_resident: int) -> list[Program]:
     """`stage` on the actor chips and `send` on actor + rollout chips, when the trainer's publish takes the
     collective route (`Publisher.supports`); otherwise none (a shared device: a cast and a device_put)."""
     if not rollout["replica_meshes"]:
@@ -374,8 +359,8 @@ def seconds(value: float) -> str:
     return f"{value:.1f} s" if value >= 1 else f"{value * 1e3:.2f} ms"
 
 
-def step_estimate(config, results: list[Result], rollout: dict, generated: int, chips: int) -> tuple[dict, str]:
-    """Seconds per step from the rooflines (lower bounds) and the model FLOP utilisation they imply."""
+def step_estimate(config, results: list[Result], rollout: dict, generated: int, chips: int) -> str:
+    """Seconds per step from the rooflines (lower bounds) and the model FLOP utilisation they imply, in words."""
     by_name = {r.program.name: r for r in results}
     pipeline = "sao" if "sao" in config else "grpo"
     r = config.rollout
@@ -401,8 +386,7 @@ def step_estimate(config, results: list[Result], rollout: dict, generated: int, 
     rollout_flops += prefill.program.model_flops / rollout["prefill_tokens"] * episodes * prefilled
     learner_flops = sum(x.program.model_flops * x.program.per_step for x in learner)
     mfu = (rollout_flops + learner_flops) / (chips * V5P_PEAK_FLOPS * step_s)
-    figures = dict(rollout_s=rollout_s, learner_s=learner_s, publish_s=publish_s, step_s=step_s, mfu=mfu)
-    text = (f"Step estimate ({pipeline}, {mode} mode), from the rooflines above, so a lower bound on time: "
+    return (f"Step estimate ({pipeline}, {mode} mode), from the rooflines above, so a lower bound on time: "
             f"{episodes} episodes of {generated:,} generated + {prefilled:,} prefilled tokens (assumed: "
             f"`--generated-tokens`). Rollout: {decode_steps:,} decode steps x "
             f"{decode.roofline_s / rollout['steps'] * 1e3:.2f} ms (every one of the {slots_total} slots busy) + "
@@ -416,7 +400,6 @@ def step_estimate(config, results: list[Result], rollout: dict, generated: int, 
             f"causal attention) {(rollout_flops + learner_flops) / 1e12:,.1f} TFLOP over {chips} chips x "
             f"{V5P_PEAK_FLOPS / 1e12:.0f} TFLOP/s x {seconds(step_s)}: **MFU {mfu:.1%}** (an upper bound, as the "
             f"time is a lower bound).")
-    return figures, text
 
 
 def table(results: list[Result], hbm_bytes: float, headroom: float) -> str:
@@ -439,25 +422,6 @@ def table(results: list[Result], hbm_bytes: float, headroom: float) -> str:
                "XLA GiB accessed/chip", "must-read GiB/chip", "roofline ms (bound)"]
     notes = [f"- {r.program.name}: resident = {r.program.resident_note}" for r in results if r.program.resident_note]
     return markdown_table(headers, rows) + ("\n\n" + "\n".join(notes) if notes else "")
-
-
-def parse_value(text: str):
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-    return ml_collections.ConfigDict(value) if isinstance(value, dict) else value
-
-
-def apply_overrides(config, items: list[str]) -> None:
-    """`--set a.b=VALUE` (a Python literal, or a bare string)."""
-    for item in items:
-        field, _, text = item.partition("=")
-        *path, name = field.split(".")
-        section = config
-        for key in path:
-            section = section[key]
-        section[name] = parse_value(text)
 
 
 def topology_devices(topology: str, needed: int) -> tuple[list, str, float]:
@@ -500,15 +464,14 @@ def run(argv=None) -> int:
     meshes = role_meshes(config, roles, devices=devices)
     chips = needed
     seq = config.rollout.max_total_tokens
-    rollout, facts = rollout_programs(config, model_config(config, args.preset, "float32"), meshes, devices,
-                                      async_mode=config.rollout.get("mode", "sync") == "async")
+    rollout, facts = rollout_programs(config, cfg, meshes, async_mode=config.rollout.get("mode", "sync") == "async")
     if pipeline == "sao":
         learner, actor_params, actor_opt_bytes, persistent = sao_programs(config, cfg, meshes,
                                                                           config.sao.batch_prompts, seq)
     else:
         learner, actor_params, actor_opt_bytes, persistent = grpo_programs(config, cfg, meshes, seq)
     persistent["rollout"] = facts["persistent"]
-    programs = rollout + publish_programs(config, meshes, facts, actor_params, actor_opt_bytes) + learner
+    programs = rollout + publish_programs(meshes, facts, actor_params, actor_opt_bytes) + learner
     add_shared_residency(programs, meshes, persistent)
     every_program = {p.name for p in programs}
     if args.only:
@@ -531,7 +494,7 @@ def run(argv=None) -> int:
     complete = every_program == names  # the estimate needs every program's roofline
     if complete:
         generated = args.generated_tokens or config.rollout.max_turn_tokens
-        _, estimate = step_estimate(config, results, facts, generated, chips)
+        estimate = step_estimate(config, results, facts, generated, chips)
     print(body)
     print(estimate)
     verdict = ("**Every program fits** within " + f"{args.headroom:.0%} of HBM." if not problems

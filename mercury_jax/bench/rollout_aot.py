@@ -26,7 +26,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.experimental import topologies  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding  # noqa: E402
 
 from mercury_jax.bench.report import V5P_HBM_BYTES_PER_S, cost_and_roofline, markdown_table, write_section  # noqa: E402
 from mercury_jax.parallel import make_mesh, variable_sharding  # noqa: E402
@@ -80,22 +80,33 @@ def decode_read_bytes(params, decode_state, cfg, slots: int) -> float:
     return dense + hit * routed + per_chip_bytes(decode_state)
 
 
-def abstract_replica(preset: str, topology: str, replica: dict, slots: int, max_length: int, param_dtype: str):
-    """(graphdef, abstract bf16 params and decode state laid out on the replica's mesh, the mesh)."""
-    devices = topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
-    mesh = make_mesh(replica, devices=devices)
-    model = abstract_model(preset)
+def abstract_engine(model: nnx.Module, slots: int, max_length: int, param_dtype, mesh=None, device=None):
+    """(graphdef, params cast to `param_dtype`, decode state, one slot's row, the cast params and the state's
+    shapes unplaced), every array abstract and laid out as an engine lays it out: on a replica's `mesh`
+    (`rollout/layout.py`), or whole on one `device` (an engine without a mesh)."""
     graphdef, state = nnx.split(model)
     cast = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, rollout_dtype(a.dtype, param_dtype)), state)
-    params = laid_out(cast, mesh)
-
     shapes = jax.eval_shape(lambda: empty_state(model.init_cache, slots, max_length))
-    decode_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes,
-                                state_shardings(shapes, mesh))
     row = jax.eval_shape(lambda: model.init_cache(1, max_length))
-    row_shapes = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), row,
-                              row_shardings(row, mesh))
-    return graphdef, params, decode_state, row_shapes, mesh, cast, shapes
+    if mesh is not None:
+        params, state_sh, row_sh = laid_out(cast, mesh), state_shardings(shapes, mesh), row_shardings(row, mesh)
+    else:
+        one = SingleDeviceSharding(device)
+        params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one), cast)
+        state_sh, row_sh = jax.tree.map(lambda _: one, shapes), jax.tree.map(lambda _: one, row)
+    placed = lambda tree, sh: jax.tree.map(  # noqa: E731
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, sh)
+    return graphdef, params, placed(shapes, state_sh), placed(row, row_sh), cast, shapes
+
+
+def prefill_inputs(tokens: int, sharding) -> tuple:
+    """(ids [1, tokens], length, request) of one `Sampler.prefill` call, abstract, on `sharding` (replicated)."""
+    scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=sharding)  # noqa: E731
+    request = {"reset": scalar(bool), "limit": scalar(jnp.int32), "request_id": scalar(jnp.int32),
+               "seed": scalar(jnp.int32), "temperature": scalar(jnp.float32), "top_k": scalar(jnp.int32),
+               "top_p": scalar(jnp.float32),
+               "stop_ids": jax.ShapeDtypeStruct((MAX_STOP_IDS,), jnp.int32, sharding=sharding)}
+    return jax.ShapeDtypeStruct((1, tokens), jnp.int32, sharding=sharding), scalar(jnp.int32), request
 
 
 def main():
@@ -117,22 +128,18 @@ def main():
         per_replica *= size
     replicas = args.group_chips // per_replica
     slots = args.slots // replicas
-    graphdef, params, state, row_shapes, mesh, cast, shapes = abstract_replica(
-        args.preset, args.topology, replica, slots, args.max_length, args.param_dtype)
+    devices = topologies.get_topology_desc(platform="tpu", topology_name=args.topology).devices
+    mesh = make_mesh(replica, devices=devices)
+    graphdef, params, state, row_shapes, cast, shapes = abstract_engine(
+        abstract_model(args.preset), slots, args.max_length, args.param_dtype, mesh=mesh)
     sizing = replica_memory(cast, shapes, mesh)
     print(f"{replicas} replicas x {per_replica} chips {replica}, {slots} slots each; weights "
           f"{sizing['weights_gib']:.2f} GiB + decode state {sizing['state_gib']:.2f} GiB per chip", flush=True)
     prefill_row, decode, _, _ = _compiled(graphdef, args.max_length, mesh)
     programs = {"decode": lambda: decode.lower(params, state, args.steps)}
     if args.prefill_tokens:
-        whole = NamedSharding(mesh, PartitionSpec())
-        scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=whole)  # noqa: E731
-        request = {"reset": scalar(bool), "limit": scalar(jnp.int32), "request_id": scalar(jnp.int32),
-                   "seed": scalar(jnp.int32), "temperature": scalar(jnp.float32), "top_k": scalar(jnp.int32),
-                   "top_p": scalar(jnp.float32),
-                   "stop_ids": jax.ShapeDtypeStruct((MAX_STOP_IDS,), jnp.int32, sharding=whole)}
-        ids = jax.ShapeDtypeStruct((1, args.prefill_tokens), jnp.int32, sharding=whole)
-        programs["prefill"] = lambda: prefill_row.lower(params, row_shapes, ids, scalar(jnp.int32), request)
+        inputs = prefill_inputs(args.prefill_tokens, NamedSharding(mesh, PartitionSpec()))
+        programs["prefill"] = lambda: prefill_row.lower(params, row_shapes, *inputs)
     rows, decode_step_s = [], None
     for name, lower in programs.items():
         start = time.perf_counter()

@@ -83,6 +83,18 @@ def model_runtime(cfg: ml_collections.ConfigDict) -> dict:
     return {name: cfg[name] for name in RUNTIME_FIELDS if name in cfg}
 
 
+def preset_config(cfg: ml_collections.ConfigDict, vocab_size: int, preset: str = ""):
+    """The model config of a run built from a preset (`cfg.preset`, or `preset` for shapes alone) with the run's
+    runtime fields; the `tiny` preset takes `cfg.overrides` and the tokenizer's vocabulary rounded up to 64."""
+    name = preset or cfg.preset
+    if name not in PRESETS:
+        raise ValueError(f"model.preset {name!r} is not one of {sorted(PRESETS)}")
+    runtime = model_runtime(cfg)
+    if name == "tiny":
+        return PRESETS["tiny"](vocab_size=-(-vocab_size // 64) * 64, **runtime, **cfg.overrides.to_dict())
+    return PRESETS[name](**runtime)
+
+
 def build_model(cfg: ml_collections.ConfigDict, vocab_size: int, seed: int, *, mesh=None) -> Qwen35MoeForCausalLM:
     """From an HF checkpoint (`hf_path`) or from scratch (`preset` + `overrides`), fp32 master weights. With a
     `mesh`, created straight into its sharding there: a checkpoint tensor by tensor (`load_hf(mesh=)`), a preset
@@ -94,14 +106,7 @@ def build_model(cfg: ml_collections.ConfigDict, vocab_size: int, seed: int, *, m
                                     f"directory or set model.hf_path='' and model.preset='tiny'")
         runtime = model_runtime(cfg)
         return load_hf(cfg.hf_path, dtype=jnp.float32, compute_dtype=runtime.pop("dtype"), mesh=mesh, **runtime)
-    if cfg.preset not in PRESETS:
-        raise ValueError(f"model.preset {cfg.preset!r} is not one of {sorted(PRESETS)}")
-    vocab = -(-vocab_size // 64) * 64
-    runtime = model_runtime(cfg)
-    if cfg.preset == "tiny":
-        model_cfg = PRESETS["tiny"](vocab_size=vocab, **runtime, **cfg.overrides.to_dict())
-    else:
-        model_cfg = PRESETS[cfg.preset](**runtime)
+    model_cfg = preset_config(cfg, vocab_size)
     def make():
         return Qwen35MoeForCausalLM(model_cfg, rngs=nnx.Rngs(seed))
     if mesh is None or mesh.size == 1:  # one device holds it whole anyway: the eager init's exact values
