@@ -14,11 +14,12 @@ from mercury_jax.bench.report import replace_subsection
 from mercury_jax.parallel import make_mesh
 from models.qwen35_moe.config import PRESETS
 
+TWO_LAYERS = ["--set", "model.overrides.num_hidden_layers=2"]  # one GDN + one attention layer: faster compiles
 # the tiny configs with the released structure: separate device groups, sharded bf16 rollout replicas that the
 # actor publishes to by the collective programs, every learner mesh of more than one device
 SAO_SPREAD = ["--set", "devices.rollout=4", "--set", "devices.actor=2", "--set", "devices.critic=2",
               "--set", "rollout.replica={'fsdp': 2}", "--set", "rollout.param_dtype=bfloat16",
-              "--set", "model.moe_impl=ep"]
+              "--set", "model.moe_impl=ep", *TWO_LAYERS]
 SAO_PROGRAMS = ("rollout decode", "rollout prefill", "publish stage", "publish send", "values + GAE", "critic step",
                 "actor step")
 
@@ -37,7 +38,7 @@ def test_pod_compiles_every_program_of_the_tiny_sao_run(capsys):
 @pytest.mark.slow
 def test_pod_compiles_the_tiny_grpo_learner_programs(capsys):
     spread = ["--set", "devices.rollout=4", "--set", "devices.actor=4", "--set", "rollout.replica={'fsdp': 2}",
-              "--set", "rollout.param_dtype=bfloat16"]
+              "--set", "rollout.param_dtype=bfloat16", *TWO_LAYERS]
     # the rollout and publish programs are the SAO test's; here the GRPO learner's two
     status = pod.run(["--config", "experiments/grpo.py:tiny", "--topology", "cpu", "--no-write", *spread,
                       "--only", "reference log-probs,grpo step"])

@@ -1,8 +1,11 @@
 """The pipelines on several processes (a stand-in for a pod's hosts), equal to one process.
 
-Each test runs `python -m mercury_jax.main --config tests/multihost_config.py:PIPELINE` three times on this machine:
-one process of 8 CPU devices straight through (the reference), then 2 processes (loopback coordinator, gloo
-collectives) killed by SIGKILL once a mid-run checkpoint is committed, then the same 2 processes resumed to the end.
+Each test runs `python -m mercury_jax.main --config tests/multihost_config.py:PIPELINE` on this machine: one
+process of 8 CPU devices straight through (the reference), then 2 processes (loopback coordinator, gloo
+collectives); the SAO test kills them by SIGKILL once a mid-run checkpoint is committed and resumes the same 2
+processes to the end (the resume restores both pipelines' checkpoints through the same `loop.py`, so one
+pipeline carries it). The phases of a test share a persistent compilation cache (a resume compiles the programs
+the killed run did).
 Every device group spans both processes (`device_layout = "per_process"`): each process drives its own rollout
 replicas, trajectories reach both through the host all-gather, learner batches are placed from every host, the
 weights are published by collectives and the checkpoints are written by both. The metrics (all but wall-clock
@@ -44,7 +47,9 @@ def _launch(pipeline: str, workdir: Path, logs: Path, processes: int) -> list[su
     procs = []
     for rank in range(processes):
         env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
-                   XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES_PER_PROCESS}")
+                   XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES_PER_PROCESS}",
+                   JAX_COMPILATION_CACHE_DIR=str(logs.parent / "xla_cache"),
+                   JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
         # the test process's own multi-process or TPU settings (the AOT benchmarks set TPU_WORKER_HOSTNAMES) stay out
         for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "TPU_WORKER_HOSTNAMES"):
             env.pop(name, None)
@@ -104,32 +109,37 @@ def _committed(checkpoints: Path, step: int):
     return lambda: (checkpoints / str(step)).is_dir()  # Orbax renames the step's folder in once both wrote
 
 
-def _run_killed_and_resumed(pipeline: str, stage: str, kill_after: int, tmp_path: Path) -> tuple[Path, Path, Path]:
+def _run(pipeline: str, tmp_path: Path, *, kill_after: tuple[str, int] | None = None) -> tuple[Path, Path, Path]:
+    """The reference, then the 2-process run (killed once `kill_after` = (stage, step)'s checkpoint is committed, and
+    resumed); returns (reference workdir, 2-process workdir, logs)."""
     logs = tmp_path / "logs"
     logs.mkdir()
     reference, multi = tmp_path / "one-process", tmp_path / "two-processes"
     assert _wait(_launch(pipeline, reference, logs, 1), logs)
     procs = _launch(pipeline, multi, logs, 2)
-    finished = _wait(procs, logs, until=_committed(multi / stage / "checkpoints", kill_after))
-    assert not finished, f"the run ended before the kill (step {kill_after}'s checkpoint came too late)"
-    _kill(procs)
-    assert _wait(_launch(pipeline, multi, logs, 2), logs)
+    if kill_after is not None:
+        stage, step = kill_after
+        finished = _wait(procs, logs, until=_committed(multi / stage / "checkpoints", step))
+        assert not finished, f"the run ended before the kill (step {step}'s checkpoint came too late)"
+        _kill(procs)
+        procs = _launch(pipeline, multi, logs, 2)
+    assert _wait(procs, logs)
     return reference, multi, logs
 
 
-def _assert_same_run(reference: Path, multi: Path, stage: str, logs: Path) -> None:
+def _assert_same_run(reference: Path, multi: Path, stage: str, logs: Path, starts: int = 2) -> None:
     name = f"{stage}_metrics.jsonl"
     one, two = _records(reference / stage / name), _records(multi / stage / name)
     assert [r["step"] for r in two] == [r["step"] for r in one], "process 0 alone writes one record a step"
     for a, b in zip(one, two):
         assert _deterministic(b) == _deterministic(a), f"step {a['step']}\n{_tails(logs)}"
     events = list((multi / stage / "tensorboard").rglob("events.out.tfevents.*"))
-    assert len(events) == 2, f"one TensorBoard file per start of process 0, got {[e.name for e in events]}"
+    assert len(events) == starts, f"one TensorBoard file per start of process 0, got {[e.name for e in events]}"
 
 
 @pytest.mark.slow
 def test_sao_on_two_processes_killed_and_resumed_equals_one_process(tmp_path):
-    reference, multi, logs = _run_killed_and_resumed("sao", "sao", 3, tmp_path)
+    reference, multi, logs = _run("sao", tmp_path, kill_after=("sao", 3))
     _assert_same_run(reference, multi, "sao", logs)
     _assert_same_run(reference, multi, "sft", logs)  # the warm start: non-zero gradients over both processes
     log = (logs / "two-processes-p0.log").read_text()
@@ -141,9 +151,8 @@ def test_sao_on_two_processes_killed_and_resumed_equals_one_process(tmp_path):
 
 
 @pytest.mark.slow
-def test_grpo_on_two_processes_killed_and_resumed_equals_one_process(tmp_path):
-    reference, multi, logs = _run_killed_and_resumed("grpo", "grpo", 2, tmp_path)
-    _assert_same_run(reference, multi, "grpo", logs)
-    assert "resumed from step 2" in (logs / "two-processes-p0.log").read_text()
+def test_grpo_on_two_processes_equals_one_process(tmp_path):
+    reference, multi, logs = _run("grpo", tmp_path)
+    _assert_same_run(reference, multi, "grpo", logs, starts=1)
     samples_one = _records(reference / "grpo" / "samples.jsonl")
     assert _records(multi / "grpo" / "samples.jsonl") == samples_one  # written once, the same sampled texts
