@@ -34,8 +34,9 @@ LAYOUTS = {
 
 
 def tiny_model(**overrides):
-    # 4 layers: one scanned block (3 GDN + 1 attention), the fewest that hold both layer caches
-    return Qwen35MoeForCausalLM(C.tiny(vocab_size=VOCAB, num_hidden_layers=4, **overrides), rngs=nnx.Rngs(3))
+    # one scanned block of 1 GDN + 1 attention layer: both layer caches, in the fewest layers
+    return Qwen35MoeForCausalLM(C.tiny(vocab_size=VOCAB, num_hidden_layers=2, full_attention_interval=2,
+                                       **overrides), rngs=nnx.Rngs(3))
 
 
 @pytest.fixture(scope="module")
