@@ -37,9 +37,10 @@ def persistent_compilation_cache(tmp_path_factory):
     compilation_cache.reset_cache()
 
 
-# The longest test modules, longest first (seconds on 2 CPU cores, `pytest --durations=0`). The two workers take
-# modules in collection order (`--dist loadfile`), so these start first and the short ones fill in behind them;
-# alphabetical order left the multi-process runs (~8 min) alone on one worker at the end.
+# The longest test modules, longest first (`pytest --durations=0` on 2 CPU cores). The two workers take modules in
+# collection order (`--dist loadfile --no-loadscope-reorder` in pyproject.toml), so these start first and the short
+# ones fill in behind them; xdist's own order (most tests first) left the multi-process runs (~6 min, 2 tests) alone
+# on one worker at the end.
 LONGEST_FIRST = ("test_multihost_train.py", "test_train_reliability.py", "test_rollout_replica_worker.py",
                  "test_train_sao.py", "test_rollout_replicas.py", "test_train_grpo.py", "test_microbatch.py",
                  "test_moe_ep.py", "test_model_hf_parity.py", "test_train_injected.py", "test_bench_pod.py")

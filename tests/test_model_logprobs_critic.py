@@ -101,7 +101,7 @@ def test_critic_starts_from_policy_with_zero_values_and_freezes_token_mixing():
         return jnp.mean((values - 1.0) ** 2)
 
     hidden = np.asarray(critic.model(ids)[0], np.float32)
-    grads = jax.grad(loss)(trainable)
+    grads = jax.jit(jax.grad(loss))(trainable)
     # fp32 sums over 24 positions of O(1) hidden values
     np.testing.assert_allclose(grads["value_head"][...], -2 * hidden.mean(axis=(0, 1)), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(grads["value_bias"][...], -2.0, rtol=1e-6)
