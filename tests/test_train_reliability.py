@@ -29,6 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")  # tests/conftest.py: each program compiles once
 sys.path.insert(0, str(REPO))  # run as a script (the SIGTERM test's child process)
 
+from scripted_engine import ScriptedEngine  # noqa: E402
+
 from experiments import common  # noqa: E402
 from experiments.sft import sft_config  # noqa: E402
 from experiments.sft import tiny_sft as tiny_sft_section  # noqa: E402
@@ -277,7 +279,7 @@ def test_grpo_nan_reward_stops_naming_the_step_and_keeps_the_last_finite_checkpo
 
     save_run_config(config, tmp_path)
     with pytest.raises(NonFiniteError, match=r"\[grpo\] step 2: non-finite actor update"):
-        run_grpo(config, tmp_path, Seams(reward=reward))
+        run_grpo(config, tmp_path, Seams(reward=reward, make_engine=ScriptedEngine))  # the learner is under test
     checkpoints = tmp_path / "grpo" / "checkpoints"
     assert _steps(checkpoints) == [1]
     for path, value in read_checkpoint_arrays(checkpoints / "1" / "arrays", ("actor", "params")).items():
