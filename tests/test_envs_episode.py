@@ -12,7 +12,7 @@ from mercury_jax.chat.render import render_completion
 from mercury_jax.envs.browse.tasks import generate_browse_tasks
 from mercury_jax.envs.enterprise.tasks import generate_tasks
 from mercury_jax.envs.episode import make_episode, oracle_trajectory
-from mercury_jax.envs.judge import OpenAIJudge, RuleJudge
+from mercury_jax.envs.judge import JudgeError, OpenAIJudge, RuleJudge
 
 
 async def replay(task, messages, *, judge=None, parse=True):
@@ -144,5 +144,5 @@ def test_openai_judge_against_local_endpoint():
         assert seen[0][2]["model"] == "judge-model" and seen[0][2]["temperature"] == 0
     finally:
         server.shutdown()
-    dead = OpenAIJudge("http://127.0.0.1:9/v1", "m", timeout_s=2).score([{"description": "x"}], "", [])
-    assert dead[0]["ok"] is False and "judge_error" in dead[0]
+    with pytest.raises(JudgeError, match="failed on rubric item 'x'"):  # no verdict is no score (test_judge_failures)
+        OpenAIJudge("http://127.0.0.1:9/v1", "m", timeout_s=2).score([{"description": "x"}], "", [])

@@ -4,8 +4,13 @@ effects (docs/ENVIRONMENTS.md section 1).
 A rubric item is `{"kind", "description", ...}`. `RuleJudge` (the deterministic default) knows
 `mentions` (`value` occurs in the final reply, case-insensitive) and `called` (`tool` was called in the
 transcript); any other kind is an error. `OpenAIJudge` asks an OpenAI-compatible chat-completions endpoint one
-yes/no question per item (temperature 0) and reads the first YES/NO of the reply; a failed request scores the
-item False and records the error, so a flaky judge never crashes a rollout.
+yes/no question per item (temperature 0) and reads the first YES/NO of the reply.
+
+A judge that cannot give a verdict raises `JudgeError`: the request failed (connection, timeout, HTTP error), the
+response is not a chat completion, or the reply holds no YES or NO. Scoring such an item False would lower the
+reward for the endpoint's fault, not the policy's; scoring it True would reward it. So grading fails instead, and
+the episode runner records the episode as an environment failure at "grade" (`rollout/failures.py`): counted in
+`env_failures`, never trained on.
 """
 from __future__ import annotations
 
@@ -16,9 +21,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 
+class JudgeError(RuntimeError):
+    """The judge gave no verdict on a rubric item (the request failed, or the reply was not YES/NO)."""
+
+
 class RubricJudge(Protocol):
     def score(self, items: Sequence[Mapping], final_answer: str, transcript: Sequence[Mapping] | None) -> list[dict]:
-        """One `{"description", "ok", ...}` per item, in order."""
+        """One `{"description", "ok", ...}` per item, in order; raises `JudgeError` when it cannot judge one."""
 
 
 class RuleJudge:
@@ -39,7 +48,8 @@ class RuleJudge:
 
 
 class OpenAIJudge:
-    """An LLM judge behind an OpenAI-compatible `POST {base_url}/chat/completions` (vLLM, SGLang, OpenAI...)."""
+    """An LLM judge behind an OpenAI-compatible `POST {base_url}/chat/completions` (vLLM, SGLang, OpenAI...).
+    Raises `JudgeError` on the first item it cannot judge (module docstring)."""
 
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout_s: float = 60.0,
                  max_transcript_chars: int = 12000):
@@ -56,11 +66,15 @@ class OpenAIJudge:
                         "Answer YES or NO first, then one sentence why.")
             try:
                 reply = self._complete(question)
-                verdict = re.search(r"\b(YES|NO)\b", reply.upper())
-                out.append({"description": item["description"], "ok": bool(verdict and verdict.group(1) == "YES"),
-                            "judge_reply": reply})
-            except (OSError, ValueError, KeyError) as error:
-                out.append({"description": item["description"], "ok": False, "judge_error": str(error)})
+            except (OSError, ValueError, KeyError, IndexError, TypeError) as error:  # URLError, timeouts, bad JSON
+                raise JudgeError(f"judge {self.model!r} at {self.url} failed on rubric item "
+                                 f"{item['description']!r}: {type(error).__name__}: {error}; check that the "
+                                 "endpoint is up and serves chat completions") from error
+            verdict = re.search(r"\b(YES|NO)\b", reply.upper())
+            if verdict is None:
+                raise JudgeError(f"judge {self.model!r} at {self.url} gave no YES/NO verdict on rubric item "
+                                 f"{item['description']!r}; it replied {reply[:200]!r}")
+            out.append({"description": item["description"], "ok": verdict.group(1) == "YES", "judge_reply": reply})
         return out
 
     def _complete(self, prompt: str) -> str:
@@ -72,7 +86,10 @@ class OpenAIJudge:
             headers["Authorization"] = f"Bearer {self.api_key}"
         request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
         with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-            return json.loads(response.read())["choices"][0]["message"]["content"]
+            content = json.loads(response.read())["choices"][0]["message"]["content"]
+        if not isinstance(content, str):
+            raise TypeError(f"the reply's message content is {type(content).__name__}, not text")
+        return content
 
 
 def _call_name(call: Any) -> str:

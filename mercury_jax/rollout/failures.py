@@ -9,7 +9,9 @@ Stages of an `EpisodeFailure`:
 - "open": building the world, connecting to the MCP server (initialize) or listing its tools failed or timed out.
   There is no trajectory to learn from: `EpisodeRunner.run` returns a placeholder in the task's place (no tokens,
   reward 0, `env_failure` set) so results stay aligned with the tasks; `RolloutWorker` queues nothing.
-- "grade": grading raised or timed out. Same handling; the placeholder holds the episode's tokens.
+- "grade": grading raised or timed out, a rubric judge that gives no verdict included (`envs.judge.JudgeError`: its
+  endpoint failed or replied without YES/NO; a guessed verdict would move the reward for the endpoint's fault). Same
+  handling; the placeholder holds the episode's tokens.
 - "tool": a tool call timed out or the server's connection was lost (the observation's `failure`). The episode
   went on (later calls to a dead server are not attempted) and its trajectory is delivered with `env_failure` set.
 - "close": closing the environment failed after grading. The trajectory is delivered unmarked (it was graded).
