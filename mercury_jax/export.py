@@ -39,6 +39,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from mercury_jax.chat import BUILTIN_CHAT_TEMPLATE, SentencePieceTokenizer, qwen35_tokenizer
+from mercury_jax.train.checkpoint_faults import describe, named_file
 from mercury_jax.train.rundir import POLICY_ARRAYS, STAGES, RunDir
 from mercury_jax.train.setup import build_model, model_runtime
 from models.qwen35_moe import Qwen35MoeConfig, Qwen35MoeForCausalLM, save_hf
@@ -135,8 +136,8 @@ def read_checkpoint_arrays(arrays_dir: str | Path, subtree: tuple[str, ...] = ()
 
     arrays_dir = Path(arrays_dir).absolute()  # Orbax resolves a relative path against no directory of ours
     checkpointer = ocp.PyTreeCheckpointer()
-    with _quiet_absl():  # an item directory has no step-level _CHECKPOINT_METADATA; Orbax warns on every read
-        metadata = checkpointer.metadata(arrays_dir) if arrays_dir.is_dir() else None
+    with _quiet_absl(), _damaged(arrays_dir):  # an item directory has no step-level _CHECKPOINT_METADATA; Orbax
+        metadata = checkpointer.metadata(arrays_dir) if arrays_dir.is_dir() else None  # warns on every read
     if metadata is None or metadata.item_metadata is None:
         raise ExportError(f"{arrays_dir} holds no readable Orbax checkpoint item (no array metadata); the save was "
                           f"interrupted or the path is wrong; pick another step (`--step`) or rerun the training")
@@ -149,7 +150,7 @@ def read_checkpoint_arrays(arrays_dir: str | Path, subtree: tuple[str, ...] = ()
     for key in reversed(subtree):
         part = {key: part}
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), part)
-    with _quiet_absl():
+    with _quiet_absl(), _damaged(arrays_dir):
         restored = checkpointer.restore(arrays_dir, args=ocp.args.PyTreeRestore(
             item=part, restore_args=restore_args, partial_restore=True))
     for key in subtree:
@@ -159,6 +160,19 @@ def read_checkpoint_arrays(arrays_dir: str | Path, subtree: tuple[str, ...] = ()
         names = tuple(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
         arrays[names[:-1] if names and names[-1] == "value" else names] = np.asarray(array)
     return arrays
+
+
+@contextlib.contextmanager
+def _damaged(arrays_dir: Path):
+    """An Orbax/tensorstore failure to read `arrays_dir` (a truncated data file, a deleted manifest.ocdbt) as an
+    `ExportError` naming the file, in one line."""
+    try:
+        yield
+    except Exception as error:  # noqa: BLE001 - tensorstore reports a damaged file as ValueError, JSON as others
+        file = named_file(error)
+        raise ExportError(f"{arrays_dir} cannot be read ({describe(error)})"
+                          + (f"; the damaged or missing file is {file}" if file else "")
+                          + "; the save was interrupted or the checkpoint was damaged") from None
 
 
 def restore_policy(workdir: str | Path, *, step: int | None = None, stage: str | None = None):
@@ -185,8 +199,14 @@ def restore_policy(workdir: str | Path, *, step: int | None = None, stage: str |
     flat = nnx.to_flat_state(abstract_state)
     arrays_dir = checkpoint_dir / str(step) / "arrays"
     by_path = {}
-    for keys in POLICY_ARRAYS[stage]:
-        by_path.update(read_checkpoint_arrays(arrays_dir, keys))
+    try:
+        for keys in POLICY_ARRAYS[stage]:
+            by_path.update(read_checkpoint_arrays(arrays_dir, keys))
+    except ExportError as error:
+        older = [s for s in steps if s < step]
+        fix = (f"export an older step with --step {older[-1]} (available steps: {steps})" if older else
+               "no older step exists; rerun the training")
+        raise ExportError(f"{stage} checkpoint step {step} cannot be exported: {error}; {fix}") from None
     for path, variable in flat:
         name = tuple(str(k) for k in path)
         if name not in by_path:

@@ -4,17 +4,47 @@
 Resuming restores the arrays into the shapes/shardings of a freshly built state, so a killed run continues with
 the same weights, optimiser moments, RNG and data order. A preemption request (`preemption.py`) makes the next
 `should_save` true; the loops never save a non-finite state (`guards.py` stops or skips the step first).
+
+Faults (`checkpoint_faults.py`):
+- resume (`restore_latest`) takes the newest step that restores. A step whose files are incomplete (an empty
+  directory, a missing `manifest.ocdbt`) or whose restore raises (a truncated data file) is skipped with one printed
+  line; once an older step has restored, the skipped ones are renamed `STEP.corrupt-<UTC time>` (nothing is deleted;
+  Orbax's step listing and `keep` no longer see them, and a new save of that step number does not collide). When no
+  step restores, `CheckpointRestoreError` lists each step and why, and nothing is renamed (a state that fits none of
+  them, such as a changed model shape, is a config problem, not damage).
+- several processes: the file check is the same on every process, so they skip the same steps; only process 0
+  renames, then all wait for it. A restore that raises on some process is not retried (the processes could not
+  agree on the next step without hanging in Orbax's restore barrier): that one step is named with the fix.
+- a save that fails (ENOSPC, EFBIG, permissions) raises `CheckpointSaveError` naming the step, the OS error and
+  the last committed step. An async save's error comes from Orbax's background thread: it is checked right after
+  the save starts, and waited for at the next save and at `close`; Orbax's logged tracebacks become one line each.
 """
 from __future__ import annotations
 
+import errno
 import os
+import time
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from mercury_jax.train import preemption
+from mercury_jax.train.checkpoint_faults import (
+    FIXES,
+    CheckpointRestoreError,
+    CheckpointSaveError,
+    describe,
+    errno_text,
+    named_file,
+    os_error,
+    summarise_orbax_tracebacks,
+    unreadable_reason,
+)
 from mercury_jax.train.rundir import RunDir
+
+__all__ = ["Checkpointer", "CheckpointRestoreError", "CheckpointSaveError"]
 
 
 class Checkpointer:
@@ -23,8 +53,11 @@ class Checkpointer:
         self.save_every = save_every
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
                                                create=True)
+        summarise_orbax_tracebacks()
         self.manager = ocp.CheckpointManager(self.directory, options=options)
         self._closed = False
+        self._in_flight: int | None = None  # the step whose (async) save has started and not been checked
+        self._failure: CheckpointSaveError | None = None
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -37,8 +70,19 @@ class Checkpointer:
         return last or preemption.requested() or (self.save_every > 0 and step % self.save_every == 0)
 
     def save(self, step: int, arrays: Any, meta: dict) -> None:
-        self.manager.save(step, args=ocp.args.Composite(arrays=ocp.args.StandardSave(arrays),
-                                                        meta=ocp.args.JsonSave(meta)))
+        """Start saving `step` (in the background when async); `CheckpointSaveError` if this save or the one before
+        it failed."""
+        if self._failure is not None:
+            raise self._failure
+        self._finish_in_flight()
+        try:
+            self.manager.save(step, args=ocp.args.Composite(arrays=ocp.args.StandardSave(arrays),
+                                                            meta=ocp.args.JsonSave(meta)))
+        except Exception as error:  # noqa: BLE001 - Orbax raises ValueError for a failed tensorstore write
+            raise self._save_failed(step, error) from None
+        self._in_flight = step
+        if not self.manager.is_saving_in_progress():  # done already: a synchronous save, or an early failure
+            self._finish_in_flight()
 
     def restore(self, step: int, abstract_arrays: Any) -> tuple[Any, dict]:
         """Arrays restored into the structure, dtypes and shardings of `abstract_arrays`, and the metadata."""
@@ -47,12 +91,50 @@ class Checkpointer:
                                                                       meta=ocp.args.JsonRestore()))
         return restored["arrays"], restored["meta"]
 
+    def restore_latest(self, abstract_arrays: Any) -> tuple[Any, dict] | None:
+        """(arrays, meta) of the newest step that restores, None when there is no step; skipped steps are printed
+        and then moved aside (module docstring). `CheckpointRestoreError` when steps exist and none restores."""
+        skipped: list[tuple[int, str]] = []
+        steps = self.all_steps()
+        for index in range(len(steps) - 1, -1, -1):
+            step = steps[index]
+            reason = unreadable_reason(self.directory / str(step))
+            if reason is None:
+                try:
+                    arrays, meta = self.restore(step, abstract_arrays)
+                except Exception as error:  # noqa: BLE001 - any failure to read this step is a reason to skip it
+                    if jax.process_count() > 1:
+                        raise self._restore_failed_on_some_process(step, steps[:index], error) from None
+                    reason = describe(error)
+                else:
+                    self._set_aside(skipped)
+                    return arrays, meta
+            following = f"trying step {steps[index - 1]}" if index else "no older step"
+            print(f"checkpoint step {step} in {self.directory} cannot be restored, skipped ({reason}); {following}",
+                  flush=True)
+            skipped.append((step, reason))
+        if skipped:
+            listing = "; ".join(f"step {step}: {reason}" for step, reason in skipped)
+            raise CheckpointRestoreError(
+                f"no checkpoint step in {self.directory} can be restored ({listing}); nothing was moved or deleted. "
+                f"If the steps are damaged, move them aside (or delete the directory) to start the stage afresh; "
+                f"if every step fails the same way, the run's config no longer matches its checkpoints")
+        return None
+
     def close(self) -> None:
-        """Wait for the saves in flight (their steps become restorable) and release the manager; idempotent."""
-        if not self._closed:
-            self._closed = True
-            self.manager.wait_until_finished()
-            self.manager.close()
+        """Wait for the saves in flight (their steps become restorable) and release the manager; idempotent.
+        `CheckpointSaveError` if the save in flight failed."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._finish_in_flight()
+        finally:
+            try:
+                self.manager.close()
+            except Exception:
+                if self._failure is None:
+                    raise  # a failure not reported yet; the one already raised is not raised twice
 
     def close_after_error(self) -> None:
         """`close` while another exception is on its way out (a non-finite step, a preemption, a failure): the last
@@ -62,3 +144,69 @@ class Checkpointer:
         except Exception as error:  # noqa: BLE001
             print(f"checkpointer {self.directory}: closing after an error failed with {type(error).__name__}: "
                   f"{error}", flush=True)
+
+    # ------------------------------------------------------------------------------------------------ faults
+    def _finish_in_flight(self) -> None:
+        """Wait for the save in flight; its background error becomes `CheckpointSaveError` naming its step."""
+        try:
+            self.manager.wait_until_finished()
+        except Exception as error:  # noqa: BLE001
+            raise self._save_failed(self._in_flight, error) from None
+        self._in_flight = None
+
+    def _save_failed(self, step: int | None, error: Exception) -> CheckpointSaveError:
+        committed = self._committed_steps()
+        safe = (f"the last committed step is {committed[-1]} (a resume continues from it)" if committed else
+                "no step is committed yet (a resume starts the stage afresh)")
+        code, where = os_error(error), named_file(error)
+        if code is not None:
+            what = errno_text(code) + (f" writing {where}" if where else "")
+            fix = FIXES.get(errno.errorcode.get(code, ""), "fix the cause")
+        else:
+            what, fix = describe(error), "fix the cause"
+        self._failure = CheckpointSaveError(
+            f"checkpoint step {step} could not be saved in {self.directory}: {what}; step {step} is not committed "
+            f"and {safe}. To go on: {fix}, then resume", cause=error)
+        return self._failure
+
+    def _committed_steps(self) -> list[int]:
+        """The steps whose directories carry their final name (Orbax renames a finished save into place)."""
+        try:
+            return sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())
+        except OSError:
+            return []
+
+    def _set_aside(self, skipped: list[tuple[int, str]]) -> None:
+        """Rename the skipped steps to `STEP.corrupt-<UTC time>` (process 0; the others wait) and forget them."""
+        if not skipped:
+            return
+        if jax.process_index() == 0:
+            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+            moved = []
+            for step, _ in skipped:
+                source = self.directory / str(step)
+                destination = self.directory / f"{step}.corrupt-{stamp}"
+                suffix = 1
+                while destination.exists():
+                    destination, suffix = self.directory / f"{step}.corrupt-{stamp}-{suffix}", suffix + 1
+                try:
+                    source.rename(destination)
+                except OSError as error:
+                    raise CheckpointRestoreError(
+                        f"checkpoint step {step} in {self.directory} cannot be restored and could not be moved aside "
+                        f"to {destination.name} ({describe(error)}); move or delete it by hand, then resume "
+                        f"(otherwise a new save of step {step} would collide with it)") from None
+                moved.append(f"{step} -> {destination.name}")
+            print(f"checkpoints {self.directory}: moved the unrestorable steps aside, nothing deleted: "
+                  f"{', '.join(moved)}", flush=True)
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"mercury_jax checkpoints set aside {self.directory}")
+        self.manager.reload()
+
+    def _restore_failed_on_some_process(self, step: int, older: list[int], error: Exception) -> CheckpointRestoreError:
+        fix = (f"move it aside (mv {self.directory / str(step)} {self.directory / str(step)}.corrupt) to resume from "
+               f"step {older[-1]}" if older else "move it aside to start the stage afresh")
+        return CheckpointRestoreError(
+            f"checkpoint step {step} in {self.directory} could not be restored on process {jax.process_index()} "
+            f"({describe(error)}); with {jax.process_count()} processes the resume does not fall back by itself "
+            f"(the processes could not agree on an older step): {fix}")

@@ -1,7 +1,7 @@
 """The one training loop of every stage (docs/DESIGN.md "Training wing"): SFT, SAO and pivot GRPO are algorithm
 objects that say what a step does; the loop owns restore, publish, logging, evaluation, checkpoints, preemption.
 
-    restore the latest checkpoint and republish it (or save step 0 first: `Cadence.save_initial`)
+    restore the newest checkpoint that restores and republish it (or save step 0 first: `Cadence.save_initial`)
     for step in start+1 .. steps:
         result = algorithm.step(step, version=, guard=)     policy_updated -> version += 1, rollouts.publish
         log every `log_every` steps, the first and last, and skipped ones; evaluate every `eval_every` steps;
@@ -10,7 +10,8 @@ objects that say what a step does; the loop owns restore, publish, logging, eval
 
 A resume drops the log rows written after its checkpoint (those steps are replayed). A non-finite update raises
 `NonFiniteError` through the guard before the step is logged or saved (or is skipped: `guards.py`). On any
-exception the rollout side is stopped and the last good checkpoint still gets committed.
+exception the rollout side is stopped and the last good checkpoint still gets committed. A damaged newer checkpoint
+is skipped on resume, and a failed save stops the run with `CheckpointSaveError` (`checkpoints.py`).
 """
 from __future__ import annotations
 
@@ -74,9 +75,9 @@ def run_loop(algorithm: Algorithm, stage: StageDir, cadence: Cadence, *, train_c
     checkpointer = make_checkpointer(stage.checkpoints, save_every=cadence.checkpoint_every, keep=cadence.keep,
                                      async_save=cadence.async_save)
     start, version = 0, 0
-    latest = checkpointer.latest_step()
-    if latest is not None:
-        arrays, meta = checkpointer.restore(latest, algorithm.arrays())
+    restored = checkpointer.restore_latest(algorithm.arrays())  # skips (and moves aside) damaged newer steps
+    if restored is not None:
+        arrays, meta = restored
         algorithm.restore(arrays, meta)
         start, version = meta["step"], meta.get("version", 0)
         if rollouts is not None:
