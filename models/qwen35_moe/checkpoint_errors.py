@@ -42,3 +42,8 @@ class CheckpointDtypeError(CheckpointError):
 
 class NonFiniteWeightError(CheckpointError):
     """A weight holds NaN or inf, in the file or after the cast to the requested dtype."""
+
+
+class BadConfigValue(CheckpointError):
+    """A `config.json` field has the wrong type or a value outside its range (a negative size, zero heads, more
+    experts than the checkpoint stores); raised before any shape is derived or any name list is built."""

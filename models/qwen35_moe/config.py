@@ -4,17 +4,25 @@
 text model under `text_config`) and a flat text config (`Qwen3_5MoeForCausalLM`); `to_hf` writes the composite
 text-only form. RoPE facts are read from `rope_parameters` (HF defaults would silently give theta 1e4).
 Fields after `# runtime` are ours (compute dtype, remat, kernel choice) and never reach an HF file.
+
+Every field's type and range (`FIELD_RANGES`) is checked before anything is derived from it, so a hostile
+`config.json` (a negative width, zero heads, a billion experts) is refused by name (`BadConfigValue` from
+`from_hf`, `ValueError` otherwise) instead of failing inside a shape computation or a name list.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
 from kernels.gated_delta.interface import IMPLS as GATED_DELTA_IMPLS
+from models.qwen35_moe.checkpoint_errors import BadConfigValue
 
 LINEAR_ATTENTION = "linear_attention"
 FULL_ATTENTION = "full_attention"
@@ -29,6 +37,97 @@ _HF_IGNORED_KEYS = {"attn_output_gate", "mamba_ssm_dtype", "output_gate_type", "
                     "rope_scaling", "full_attention_interval", "rope_theta", "partial_rotary_factor",
                     "_name_or_path", "output_hidden_states", "output_attentions", "return_dict", "attention_dropout",
                     "hidden_act", "attention_bias"}
+
+
+# Sanity bounds far above any released model (the 397B: 60 layers, 512 experts): a config past them is hostile or
+# broken, and the loader would otherwise build a layer list / an expert-name list of that length before any check.
+MAX_LAYERS = 4096
+MAX_EXPERTS = 65536
+
+
+class FieldRange(NamedTuple):
+    """A field's type and range: `kind` int (bool is not an int here), float (ints accepted; finite) or bool;
+    `low` / `high` bounds (None: unbounded), excluded when `low_open` / `high_open`."""
+
+    kind: type
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def admits(self, value) -> bool:
+        if self.kind is bool:
+            return isinstance(value, bool)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral if self.kind is int else numbers.Real):
+            return False
+        if self.kind is float and not isinstance(value, numbers.Integral) and not math.isfinite(value):
+            return False
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            return False
+        return self.high is None or (value < self.high or (not self.high_open and value == self.high))
+
+    def describe(self) -> str:
+        if self.kind is bool:
+            return "true or false"
+        noun = "a whole number" if self.kind is int else "a number"
+        if self.high is None:
+            return f"{noun} {'>' if self.low_open else '>='} {self.low}" if self.low is not None else noun
+        return f"{noun} in {'(' if self.low_open else '['}{self.low}, {self.high}{')' if self.high_open else ']'}"
+
+
+COUNT = FieldRange(int, 1)
+FIELD_RANGES: dict[str, FieldRange] = {
+    "vocab_size": COUNT, "hidden_size": COUNT, "num_hidden_layers": FieldRange(int, 1, MAX_LAYERS),
+    "num_attention_heads": COUNT, "num_key_value_heads": COUNT, "head_dim": COUNT, "max_position_embeddings": COUNT,
+    "rms_norm_eps": FieldRange(float, 0, low_open=True), "tie_word_embeddings": FieldRange(bool),
+    "rope_theta": FieldRange(float, 0, low_open=True), "partial_rotary_factor": FieldRange(float, 0, 1, low_open=True),
+    "mrope_interleaved": FieldRange(bool), "linear_conv_kernel_dim": COUNT, "linear_key_head_dim": COUNT,
+    "linear_value_head_dim": COUNT, "linear_num_key_heads": COUNT, "linear_num_value_heads": COUNT,
+    "moe_intermediate_size": COUNT, "shared_expert_intermediate_size": COUNT,
+    "num_experts": FieldRange(int, 1, MAX_EXPERTS), "num_experts_per_tok": FieldRange(int, 1, MAX_EXPERTS),
+    "router_aux_loss_coef": FieldRange(float, 0), "output_router_logits": FieldRange(bool),
+    "initializer_range": FieldRange(float, 0, low_open=True), "scan_layers": FieldRange(bool),
+    "gdn_chunk_size": COUNT, "moe_ep_round_factor": FieldRange(float, 0, low_open=True),
+    "full_attention_interval": FieldRange(int, 1, MAX_LAYERS),  # HF's, when layer_types is absent
+}
+FIELD_HINTS = {"moe_ep_round_factor": "rows a dispatch round receives, in units of the balanced load; 2.0 is the "
+                                      "default, 1.0 halves the buffers and takes two rounds on a skewed step"}
+TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def field_problems(values: Mapping[str, Any]) -> list[str]:
+    """One message per field of `values` whose type or range is wrong (`FIELD_RANGES`, token ids, mrope_section,
+    layer_types), naming the field, the value and what is expected. Fields `values` lacks are not checked."""
+    problems = [f"{name} is {_short(values[name])}; expected {rule.describe()}"
+                + (f" ({FIELD_HINTS[name]})" if name in FIELD_HINTS else "")
+                for name, rule in FIELD_RANGES.items() if name in values and not rule.admits(values[name])]
+    for name in TOKEN_ID_FIELDS:
+        value = values.get(name)
+        many = name == "eos_token_id" and isinstance(value, list | tuple)
+        if value is not None and not all(_is_int(i) and i >= 0 for i in (value if many else [value])):
+            problems.append(f"{name} is {_short(value)}; expected a token id (a whole number >= 0)"
+                            f"{', a list of them' if name == 'eos_token_id' else ''} or null")
+    section = values.get("mrope_section", ())
+    if not isinstance(section, list | tuple) or not all(_is_int(s) and s >= 0 for s in section):
+        problems.append(f"mrope_section is {_short(section)}; expected a list of whole numbers >= 0")
+    layer_types = values.get("layer_types")
+    if layer_types is not None and (not isinstance(layer_types, list | tuple) or len(layer_types) > MAX_LAYERS
+                                    or not all(isinstance(t, str) for t in layer_types)):
+        problems.append(f"layer_types is {_short(layer_types)}; expected a list of at most {MAX_LAYERS} layer type "
+                        f"names ('{LINEAR_ATTENTION}' or '{FULL_ATTENTION}'), one per layer")
+    return problems
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _short(value, limit: int = 80) -> str:
+    """repr(value), cut to `limit` characters (a hostile value may be a huge list or string)."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return text[:limit] + (f"... ({len(value)} entries)" if isinstance(value, list | tuple | str) else "...")
 
 
 def default_layer_types(num_hidden_layers: int, full_attention_interval: int) -> tuple[str, ...]:
@@ -82,6 +181,7 @@ class Qwen35MoeConfig:
     attention_impl: str = "dense"  # full forwards only (training, scoring); the decode path is always dense
 
     def __post_init__(self):
+        self._raise_field_problems()
         if self.layer_types is None:
             object.__setattr__(self, "layer_types", default_layer_types(self.num_hidden_layers, 4))
         object.__setattr__(self, "layer_types", tuple(self.layer_types))
@@ -90,8 +190,15 @@ class Qwen35MoeConfig:
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
         self.validate()
 
+    def _raise_field_problems(self) -> None:
+        problems = field_problems({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        if problems:  # before any rule below divides by a head count or measures a list
+            raise ValueError("invalid Qwen35MoeConfig: " + "; ".join(problems))
+
     def validate(self) -> None:
-        """Raise ValueError naming the field and the fix when the configuration is inconsistent."""
+        """Raise ValueError naming the field and the fix when the configuration is inconsistent: first each field's
+        type and range (`field_problems`), then the rules between fields."""
+        self._raise_field_problems()
         problems = []
         if len(self.layer_types) != self.num_hidden_layers:
             problems.append(f"layer_types has {len(self.layer_types)} entries but num_hidden_layers is "
@@ -118,10 +225,6 @@ class Qwen35MoeConfig:
             problems.append(f"moe_impl {self.moe_impl!r} is not one of {MOE_IMPLS}")
         if self.attention_impl not in ATTENTION_IMPLS:
             problems.append(f"attention_impl {self.attention_impl!r} is not one of {ATTENTION_IMPLS}")
-        if not (isinstance(self.moe_ep_round_factor, int | float) and self.moe_ep_round_factor > 0):
-            problems.append(f"moe_ep_round_factor {self.moe_ep_round_factor!r} must be a number > 0 (rows a dispatch "
-                            f"round receives, in units of the balanced load; 2.0 is the default, 1.0 halves the "
-                            f"buffers and takes two rounds on a skewed step)")
         if self.gdn_impl not in GDN_IMPLS:
             problems.append(f"gdn_impl {self.gdn_impl!r} is not one of {GDN_IMPLS}")
         for name in ("dtype", "param_dtype"):
@@ -176,45 +279,60 @@ class Qwen35MoeConfig:
     def from_hf(cls, hf_config: dict[str, Any] | str | Path, **runtime) -> Qwen35MoeConfig:
         """Build from an HF config dict or a path to `config.json` (composite or flat text config).
 
-        `runtime` sets our own fields (dtype, remat_policy, ...). Unknown HF keys are ignored.
+        `runtime` sets our own fields (dtype, remat_policy, ...). Unknown HF keys are ignored. A field of the
+        wrong type or range, or fields that do not fit together (heads that do not divide, more experts per token
+        than experts, a layer_types list of the wrong length), raise `BadConfigValue` naming the field, the value
+        and what is expected, before any list or shape is derived from them.
         """
         if not isinstance(hf_config, dict):
             path = Path(hf_config)
             path = path / "config.json" if path.is_dir() else path
             hf_config = json.loads(path.read_text())
         text = hf_config.get("text_config", hf_config)
+        if not isinstance(text, dict):
+            raise BadConfigValue(f"text_config is {_short(text)}; expected an object of text-model fields")
         model_type = text.get("model_type", "qwen3_5_moe_text")
         if model_type not in ("qwen3_5_moe_text", "qwen3_5_moe"):
-            raise ValueError(f"config model_type is {model_type!r}; expected 'qwen3_5_moe_text' (a Qwen3.5-MoE "
-                             f"text config) or a composite 'qwen3_5_moe' config with a text_config")
-        rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
+            raise BadConfigValue(f"config model_type is {model_type!r}; expected 'qwen3_5_moe_text' (a Qwen3.5-MoE "
+                                 f"text config) or a composite 'qwen3_5_moe' config with a text_config")
+        rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+        if not isinstance(rope, dict):
+            raise BadConfigValue(f"rope_parameters is {_short(rope)}; expected an object (rope_type, rope_theta, ...)")
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
             raise NotImplementedError(f"rope_type {rope_type!r} is not supported; only 'default' RoPE is implemented")
         theta = rope.get("rope_theta", text.get("rope_theta"))
         if theta is None:
-            raise ValueError("config has no rope_theta (looked in rope_parameters and at the top level); "
-                             "Qwen3.5 uses 10000000 - add it to rope_parameters")
+            raise BadConfigValue("config has no rope_theta (looked in rope_parameters and at the top level); "
+                                 "Qwen3.5 uses 10000000 - add it to rope_parameters")
         field_names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in text.items() if k in field_names and k not in _HF_IGNORED_KEYS}
+        kwargs["rope_theta"] = theta
+        kwargs["partial_rotary_factor"] = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
+        for key in ("mrope_section", "mrope_interleaved"):
+            if key in rope:
+                kwargs[key] = rope[key]
+        if "tie_word_embeddings" in hf_config and "tie_word_embeddings" not in text:
+            kwargs["tie_word_embeddings"] = hf_config["tie_word_embeddings"]
+        kwargs["num_hidden_layers"] = text.get("num_hidden_layers", cls.num_hidden_layers)
+        interval = text.get("full_attention_interval", 4)
+        layer_types = text.get("layer_types") or None
+        problems = field_problems({**kwargs, "layer_types": layer_types,
+                                   **({} if layer_types else {"full_attention_interval": interval})})
+        if problems:  # before the layer list or any shape is derived from these values
+            raise BadConfigValue("; ".join(problems))
         kwargs["rope_theta"] = float(theta)
-        kwargs["partial_rotary_factor"] = float(rope.get("partial_rotary_factor",
-                                                         text.get("partial_rotary_factor", 0.25)))
-        if "mrope_section" in rope:
-            kwargs["mrope_section"] = tuple(rope["mrope_section"])
-        if "mrope_interleaved" in rope:
-            kwargs["mrope_interleaved"] = bool(rope["mrope_interleaved"])
-        num_layers = int(text.get("num_hidden_layers", cls.num_hidden_layers))
-        if text.get("layer_types"):
-            kwargs["layer_types"] = tuple(text["layer_types"])
-        else:
-            kwargs["layer_types"] = default_layer_types(num_layers, int(text.get("full_attention_interval", 4)))
+        kwargs["partial_rotary_factor"] = float(kwargs["partial_rotary_factor"])
+        kwargs["mrope_section"] = tuple(kwargs.get("mrope_section", cls.mrope_section))
+        kwargs["layer_types"] = (tuple(layer_types) if layer_types
+                                 else default_layer_types(kwargs["num_hidden_layers"], interval))
         if isinstance(kwargs.get("eos_token_id"), list):
             kwargs["eos_token_id"] = tuple(kwargs["eos_token_id"])
-        if "tie_word_embeddings" in hf_config and "tie_word_embeddings" not in text:
-            kwargs["tie_word_embeddings"] = bool(hf_config["tie_word_embeddings"])
-        kwargs.update(runtime)
-        return cls(**kwargs)
+        try:
+            config = cls(**kwargs)
+        except ValueError as error:  # fields that do not fit together
+            raise BadConfigValue(str(error).removeprefix("invalid Qwen35MoeConfig: ")) from None
+        return config.replace(**runtime) if runtime else config
 
     def to_hf_text(self) -> dict[str, Any]:
         """The flat HF text config (`Qwen3_5MoeForCausalLM`, model_type `qwen3_5_moe_text`)."""

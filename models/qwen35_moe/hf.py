@@ -5,7 +5,8 @@ tensor by tensor through safetensors' lazy slices: host memory holds at most one
 and the HF tensor it is being built from, never the whole checkpoint. Both name prefixes (`model.` and the
 released `model.language_model.`) and both expert layouts (fused, unfused) load; `model.visual.*` and `mtp.*` are
 skipped with a log line. A damaged or inconsistent checkpoint raises a `CheckpointError` subclass naming the
-tensor or file and the fix (`checkpoint_reader` checks the files; here: shapes, dtypes, NaN/inf).
+tensor or file and the fix (`checkpoint_reader` checks the files; `config.from_hf` each config field's type and
+range; here: the expert count against the checkpoint, then shapes, dtypes, NaN/inf).
 
 Export writes the released text-only layout: a composite `config.json`, `model.language_model.*` +
 `lm_head.weight`, sharded safetensors with an index; `A_log` and the GDN norm weight stay fp32 unless
@@ -34,6 +35,7 @@ from safetensors.numpy import save_file
 from mercury_jax.parallel.sharding import DEFAULT_RULES, variable_sharding
 from models.qwen35_moe.atomic_dir import committed_dir, replace_directory
 from models.qwen35_moe.checkpoint_errors import (
+    BadConfigValue,
     CheckpointDtypeError,
     CheckpointError,
     CorruptShardError,
@@ -49,7 +51,7 @@ from models.qwen35_moe.config import Qwen35MoeConfig
 from models.qwen35_moe.hf_layout import TensorSpec, experts_hf_tensors, gdn_fused_tensors, layer_specs, top_specs
 from models.qwen35_moe.model import Qwen35MoeForCausalLM
 
-__all__ = ["CheckpointDtypeError", "CheckpointError", "CheckpointReader", "CorruptShardError",
+__all__ = ["BadConfigValue", "CheckpointDtypeError", "CheckpointError", "CheckpointReader", "CorruptShardError",
            "DuplicateTensorError", "MissingShardError", "NonFiniteWeightError", "ShardIndexError", "ShardPathError",
            "SymlinkLoopError", "hf_tensors", "load_hf", "save_hf"]
 
@@ -155,13 +157,34 @@ def load_hf(path: str | Path, *, dtype=jnp.float32, mesh=None, rules=None, stric
     compute = runtime.pop("compute_dtype", None)
     if compute is not None:
         runtime["dtype"] = jnp.dtype(compute).name
-    cfg = Qwen35MoeConfig.from_hf(hf_config, param_dtype=jnp.dtype(dtype).name, **runtime)
+    try:
+        cfg = Qwen35MoeConfig.from_hf(hf_config, param_dtype=jnp.dtype(dtype).name, **runtime)
+    except BadConfigValue as error:
+        raise BadConfigValue(f"{path / 'config.json'}: {error}; fix the file (or re-export the checkpoint)") from None
     reader = CheckpointReader(path)
     try:
+        _check_expert_count(reader, cfg, path / "config.json")
         return _build(reader, cfg, dtype=dtype, mesh=mesh, rules=rules, strict=strict,
                       allow_nonfinite=allow_nonfinite)
     finally:
         reader.close()
+
+
+def _check_expert_count(reader: CheckpointReader, cfg: Qwen35MoeConfig, config_path: Path) -> None:
+    """`num_experts` against the experts an unfused checkpoint stores (`layers.L.mlp.experts.E.gate_proj.weight`),
+    counted from the shard index alone before the loader builds its name list of 3 tensors per expert per layer: a
+    hostile `num_experts` would otherwise make that list first. (A fused checkpoint names one tensor per layer; its
+    shape check catches a wrong count.)"""
+    unfused = re.compile(rf"{re.escape(reader.prefix)}layers\.(\d+)\.mlp\.experts\.\d+\.gate_proj\.weight")
+    stored: dict[int, int] = {}
+    for name in reader.name_to_file:
+        if match := unfused.fullmatch(name):
+            stored[int(match.group(1))] = stored.get(int(match.group(1)), 0) + 1
+    for layer, count in sorted(stored.items()):
+        if count != cfg.num_experts:
+            raise BadConfigValue(f"{config_path}: num_experts is {cfg.num_experts}, but layer {layer} of the "
+                                 f"checkpoint stores {count} unfused experts (mlp.experts.N.gate_proj.weight); set "
+                                 f"num_experts to the count the checkpoint holds")
 
 
 def _abstract_model(cfg: Qwen35MoeConfig):
