@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from mercury_jax.parallel import distributed
+from mercury_jax.parallel import distributed, peer_watch
 
 # Multi-process JAX starts before any import that may touch a device (bm25s compiles a jax function when imported)
 # or the config file's own imports: N processes on one machine from JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES /
@@ -30,6 +30,7 @@ from mercury_jax.train import preemption  # noqa: E402  (SIGTERM: checkpoint the
 from mercury_jax.train.environment import record_environment  # noqa: E402  (package versions of each start)
 from mercury_jax.train.pipelines import PIPELINES  # noqa: E402
 from mercury_jax.train.resume import check_run_config  # noqa: E402  (a rerun resumes: it must be the same run)
+from mercury_jax.train.run_guard import run_guard  # noqa: E402  (the workdir lock and the peer watch)
 from mercury_jax.train.rundir import RunDir  # noqa: E402
 from mercury_jax.train.validate import validate_config  # noqa: E402
 
@@ -37,6 +38,10 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config fil
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (checkpoints, metrics, plots); default runs/NAME")
 _MULTIHOST = flags.DEFINE_bool("multihost", None, "call jax.distributed.initialize() (default: auto on pods)")
+flags.DEFINE_float(  # read by peer_watch.timeout_from_argv (before absl, for JAX's heartbeat too)
+    "peer_timeout_s", peer_watch.DEFAULT_TIMEOUT_S, "multi-process runs: when another process has been silent this "
+    "long (dead host, killed process), stop with a message naming it, the last checkpoint and the resume command "
+    "(also MERCURY_PEER_TIMEOUT_S; JAX's own heartbeat timeout is set above it)")
 _RESUME_FORCE_CONFIG = flags.DEFINE_bool(
     "resume_force_config", False, "resume a workdir even though its config.json differs from this config in fields "
     "that change shapes or data (model, tokenizer, world, seed, ...; train/resume.py RESUME_FIELDS)")
@@ -62,11 +67,13 @@ def main(argv):
         print(f"multi-process JAX ({MULTIHOST_STARTED}): this is process {jax.process_index()} of "
               f"{jax.process_count()}; process 0 writes the run's files, every process its checkpoint shards",
               flush=True)
-    check_run_config(run, config, force=_RESUME_FORCE_CONFIG.value)
-    run.write_config(config)  # lets `mercury_jax.export` and the sweep rebuild the model
-    record_environment(run)
-    preemption.install()
-    PIPELINES[config.pipeline](config, run.root)
+    # one run per workdir (a lock); on several processes, a lost peer stops every other one with a message
+    with run_guard(run, sys.argv, peer_timeout_s=peer_watch.timeout_from_argv(sys.argv)):
+        check_run_config(run, config, force=_RESUME_FORCE_CONFIG.value)
+        run.write_config(config)  # lets `mercury_jax.export` and the sweep rebuild the model
+        record_environment(run)
+        preemption.install()
+        PIPELINES[config.pipeline](config, run.root)
 
 
 def unknown_override(argv: list[str]) -> str | None:

@@ -18,12 +18,15 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
+from mercury_jax.parallel import peer_watch
+
 ENV = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
 
 
-def initialize_from_env(environ=os.environ) -> bool:
+def initialize_from_env(environ=os.environ, *, heartbeat_timeout_s: int = 100) -> bool:
     """`jax.distributed.initialize` from `ENV` when all three are set (True); False when none is. ValueError naming
-    the missing ones when only some are set."""
+    the missing ones when only some are set. `heartbeat_timeout_s`: JAX's own (it aborts a process whose peer is
+    silent that long; `peer_watch` sets it above its own bound)."""
     present = [name for name in ENV if environ.get(name)]
     if not present:
         return False
@@ -35,7 +38,8 @@ def initialize_from_env(environ=os.environ) -> bool:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=environ["JAX_COORDINATOR_ADDRESS"],
                                num_processes=int(environ["JAX_NUM_PROCESSES"]),
-                               process_id=int(environ["JAX_PROCESS_ID"]))
+                               process_id=int(environ["JAX_PROCESS_ID"]),
+                               heartbeat_timeout_seconds=heartbeat_timeout_s)
     return True
 
 
@@ -141,9 +145,10 @@ def initialize_for_main(argv, environ=os.environ) -> str:
     flag = multihost_flag(argv)
     if flag is False:
         return ""
-    if initialize_from_env(environ):
+    heartbeat_timeout_s = peer_watch.jax_heartbeat_timeout_s(peer_watch.timeout_from_argv(argv, environ))
+    if initialize_from_env(environ, heartbeat_timeout_s=heartbeat_timeout_s):
         return "environment"
     if flag or on_tpu_pod(environ):
-        jax.distributed.initialize()
+        jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout_s)
         return "detected"
     return ""

@@ -108,6 +108,30 @@ class RunDir:
     def read_config(self) -> ml_collections.ConfigDict:
         return ml_collections.ConfigDict(json.loads(self.config.read_text()))
 
+    def committed_checkpoints(self) -> dict[str, list[int]]:
+        """The committed checkpoint steps of each stage that has any (Orbax writes a step under a temporary name and
+        renames it to the bare number when it is complete), read from the files alone."""
+        found = {}
+        for name in STAGES:
+            folder = self.root / name / "checkpoints"
+            if folder.exists():
+                steps = sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+                if steps:
+                    found[name] = steps
+        return found
+
+    def describe_checkpoints(self) -> str:
+        """One line on the newest committed checkpoint of each stage, for messages about a stopped run."""
+        try:
+            found = self.committed_checkpoints()
+        except OSError as error:
+            return f"the checkpoints under {os.fspath(self.root)} could not be listed ({error})"
+        if not found:
+            return f"no checkpoint is committed under {os.fspath(self.root)} yet"
+        return "last committed checkpoints: " + ", ".join(
+            f"{name} step {steps[-1]} ({os.fspath(self.root / name / 'checkpoints' / str(steps[-1]))})"
+            for name, steps in found.items())
+
 
 class StageDir:
     """One stage's folder: checkpoints, metrics, plots and the stage's own logs."""
