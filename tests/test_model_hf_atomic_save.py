@@ -80,6 +80,34 @@ def test_a_kill_between_any_two_commit_steps_leaves_old_or_new(models, weight_se
     assert _leftovers(target) == [] and _which(target, weight_sets) == "A"
 
 
+# After k of the commit steps [rename target -> backup, rename staging -> target, fsync parent, delete backup]; "backup
+# only" is a target and staging both gone with the backup left (the docstring's "backup -> T when there is no staging").
+RECOVERED = {"0 steps": "old", "1 step": "new", "2 steps": "new", "3 steps": "new", "backup only": "old"}
+
+
+@pytest.mark.parametrize("interrupted", sorted(RECOVERED))
+def test_recovery_alone_leaves_the_version_the_docstring_promises(tmp_path, monkeypatch, interrupted):
+    """`recover` with no save after it: the target holds exactly the version `committed_dir` showed readers before
+    (old before the swap began, new from the moment staging was complete and the old one renamed away), and no
+    staging or backup is left. Plain one-file directories: the protocol, not `save_hf`, is under test."""
+    target = tmp_path / "export"
+    with atomic_dir.replace_directory(target) as new:
+        (new / "version").write_text("old")
+    all_steps = atomic_dir.replace_steps
+    steps_done = 1 if interrupted == "backup only" else int(interrupted[0])
+    monkeypatch.setattr(atomic_dir, "replace_steps", lambda t: all_steps(t)[:steps_done])
+    with atomic_dir.replace_directory(target) as new:
+        (new / "version").write_text("new")
+    monkeypatch.undo()
+    if interrupted == "backup only":
+        atomic_dir.staging_dir(target).rename(tmp_path / "elsewhere")
+    expected = RECOVERED[interrupted]
+    assert (atomic_dir.committed_dir(target) / "version").read_text() == expected
+    atomic_dir.recover(target)
+    assert (target / "version").read_text() == expected
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "elsewhere") == ["export"]
+
+
 def test_a_failed_save_leaves_the_old_export_and_no_staging(models, weight_sets, tmp_path, monkeypatch):
     target = tmp_path / "exports" / "model"
     save_hf(models[0], target, **SAVE_KWARGS)

@@ -135,14 +135,18 @@ def test_index_and_shards_that_disagree(ckpt):
 
 
 # ------------------------------------------------------------------------------------------- shard paths
-@pytest.mark.parametrize("where", ["parent", "absolute"])
+@pytest.mark.parametrize("where", ["parent", "middle", "absolute"])
 def test_an_index_path_outside_the_directory_is_refused(ckpt, tmp_path, where):
+    """`../x`, `sub/../../x` (a `..` after a real subdirectory: a check of the first component alone lets it
+    through) and an absolute path all name a readable shard outside the checkpoint."""
     weight_map = _shard(ckpt)
     first = weight_map[NORM]
     outside = tmp_path / "outside"
     outside.mkdir()
     shutil.copy(ckpt / first, outside / first)  # a readable shard there: refused for its path, not for missing
-    escaped = f"../outside/{first}" if where == "parent" else str(outside / first)
+    (ckpt / "sub").mkdir()  # so that sub/../../outside/<shard> resolves to that readable shard
+    escaped = {"parent": f"../outside/{first}", "middle": f"sub/../../outside/{first}",
+               "absolute": str(outside / first)}[where]
     (ckpt / INDEX).write_text(json.dumps({"weight_map": {n: escaped if f == first else f
                                                           for n, f in weight_map.items()}}))
     pattern = rf"maps tensor \S+ to '{re.escape(escaped)}', a path outside .*fix the index"
