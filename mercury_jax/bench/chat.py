@@ -8,7 +8,15 @@ import argparse
 import time
 
 from mercury_jax.bench.report import markdown_table, write_section
-from mercury_jax.chat import BUILTIN_CHAT_TEMPLATE, parse_assistant, qwen35_tokenizer, render, render_completion
+from mercury_jax.chat import (
+    BUILTIN_CHAT_TEMPLATE,
+    chat_ids,
+    completion_ids,
+    parse_assistant,
+    qwen35_tokenizer,
+    render,
+    render_completion,
+)
 from mercury_jax.chat.observation import observation_ids
 
 TOOLS = [{"type": "function", "function": {
@@ -72,7 +80,7 @@ def main() -> None:
     rows.append(["parse_assistant (4 calls, malformed)", len(malformed),
                  _rate(lambda: parse_assistant(malformed, TOOLS), min_seconds=args.seconds)])
     tokenizer = qwen35_tokenizer()
-    trajectory = tokenizer.encode(render(_chat(1), TOOLS) + render_completion(_turn(1, 2)))
+    trajectory = chat_ids(tokenizer, _chat(1), TOOLS) + completion_ids(tokenizer, _turn(1, 2))
     results = ["record 7: status open, owner ana, renewal 2024-05-01" * 4, "ok"]
     rows.append(["observation_ids (2 results, Qwen3.5 BPE)", sum(map(len, results)),
                  _rate(lambda: observation_ids(tokenizer, trajectory, results), min_seconds=args.seconds)])

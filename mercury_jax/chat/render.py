@@ -15,7 +15,8 @@ Rules (the official Qwen3.5 template's structure, which `template.BUILTIN_CHAT_T
 - the generation prompt is `<|im_start|>assistant\n<think>\n`, or `...<think>\n\n</think>\n\n` with thinking off.
 
 `render` uses a checkpoint's own jinja `chat_template` when given one (see `template.py`), else this built-in
-renderer, whose tools-block wording is ours (for models trained here from scratch).
+renderer, whose tools-block wording is ours (for models trained here from scratch). Its text is never passed to
+`tokenizer.encode`: `chat_ids.chat_ids` gives the ids, with message text as plain text (no forged control ids).
 """
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ package, through `tiktoken`: NFC normalisation, the Qwen3.5 pre-tokeniser patter
 special tokens at 248044..248076 (`vocab_size` 248077; the model pads its embedding to 248320).
 
 Special-token strings inside text are encoded as their single ids (what Hugging Face tokenizers do by default);
-pass `allow_special=False` to encode untrusted text (tool outputs) as ordinary bytes. Decoding keeps every
+pass `allow_special=False` to encode untrusted text (tool outputs) as ordinary bytes. A rendered chat goes through
+`chat_ids.chat_ids`, never `encode` (message text would become control ids). Decoding keeps every
 special token as its text (`<think>`, `<tool_call>`, `<|im_end|>` ...), so parsing works on decoded samples.
 """
 from __future__ import annotations

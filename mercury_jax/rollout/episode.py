@@ -2,7 +2,7 @@
 
 One episode (docs/ENVIRONMENTS.md section 4; docs/ALGORITHMS.md "Shared definitions"):
 
-    prompt = encode(render([system, user], tools, add_generation_prompt=True))
+    prompt = chat_ids(tokenizer, [system, user], tools, add_generation_prompt=True)   (message text: never control ids)
     loop:  sample a turn (stops: <|im_end|>, <|endoftext|>)  ->  parse_assistant(text, tools)
            no tool calls                      -> finish "answered"
            tool calls, turn budget spent      -> finish "turn_budget" (the calls are not executed)
@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from mercury_jax.chat import observation_ids, parse_assistant, render
+from mercury_jax.chat import chat_ids, observation_ids, parse_assistant
 from mercury_jax.chat.tokenizer import Tokenizer
 from mercury_jax.envs import BehaviourConfig, make_episode
 from mercury_jax.envs.tool_threads import run_blocking
@@ -202,8 +202,8 @@ class EpisodeRunner:
                                    {"role": "user", "content": task["user_prompt"]}]
                 if not prompt_messages[0]["content"]:
                     prompt_messages = prompt_messages[1:]
-                prompt = tok.encode(render(prompt_messages, tools, add_generation_prompt=True,
-                                           enable_thinking=self.enable_thinking))
+                prompt = chat_ids(tok, prompt_messages, tools, add_generation_prompt=True,
+                                  enable_thinking=self.enable_thinking)
             traj = {"tokens": list(prompt), "action_mask": [0] * len(prompt), "rollout_logprobs": [0.0] * len(prompt),
                     "policy_versions": [-1] * len(prompt)}
             spans, texts, calls, results, format_errors = [], [], [], [], []

@@ -3,22 +3,24 @@
 Token-in, token-out like the episode runner (docs/ENVIRONMENTS.md section 4), so SFT warm starts train on exactly the
 ids a rollout of the same chat would hold:
 
-    prompt       encode(render(system + user, tools, add_generation_prompt=True))        action_mask 0
-    assistant    encode(render_completion(message)), through its `<|im_end|>`            action_mask 1
+    prompt       chat_ids(tokenizer, system + user, tools, add_generation_prompt=True)    action_mask 0
+    assistant    completion_ids(tokenizer, message), through its `<|im_end|>`             action_mask 1
     tool results observation_ids(tokenizer, ids so far, [result, ...])                   action_mask 0
 
 `rollout_logprobs` are 0 and `policy_versions` -1 (nobody sampled these tokens). Decoded, the ids equal
 `render(messages, tools, add_generation_prompt=False)` without its final newline (render closes the last
 assistant turn with `<|im_end|>\\n`; a trajectory ends at the sampled `<|im_end|>`), provided every assistant
 turn follows the last user query (render drops the reasoning of earlier turns; a rollout keeps what was
-sampled). The ids are not `encode(render(...))`: each piece is encoded on its own, as in a rollout.
+sampled). The ids are not `encode(render(...))`: each piece is encoded on its own, as in a rollout, and message text
+(prompts, tool schemas, assistant content, reasoning and tool calls) is plain text: a special-token string inside it
+never becomes a control id, so SFT never trains on a forged one (`chat/chat_ids.py`).
 """
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mercury_jax.chat import observation_ids, render, render_completion
+from mercury_jax.chat import chat_ids, completion_ids, observation_ids, render_completion
 from mercury_jax.chat.render import content_text
 from mercury_jax.chat.tokenizer import Tokenizer
 from mercury_jax.rollout.trajectory import Trajectory
@@ -34,8 +36,8 @@ def trajectory_from_messages(tokenizer: Tokenizer, messages: Sequence[Mapping[st
     first_turn = next((i for i, m in enumerate(messages) if m["role"] in ("assistant", "tool")), len(messages))
     if not any(m["role"] == "user" for m in messages[:first_turn]):
         raise ValueError("trajectory_from_messages needs a user message before the first assistant turn")
-    prompt = tokenizer.encode(render(messages[:first_turn], tools, add_generation_prompt=True,
-                                     enable_thinking=enable_thinking))
+    prompt = chat_ids(tokenizer, messages[:first_turn], tools, add_generation_prompt=True,
+                      enable_thinking=enable_thinking)
     tokens, mask = list(prompt), [0] * len(prompt)
     spans, texts, calls, results = [], [], [], []
     pending_results: list[str] = []
@@ -56,7 +58,7 @@ def trajectory_from_messages(tokenizer: Tokenizer, messages: Sequence[Mapping[st
             raise ValueError(f"message {i}: two assistant turns without tool results between them")
         turn += 1
         completion = render_completion(message, enable_thinking=enable_thinking)
-        ids = tokenizer.encode(completion)
+        ids = completion_ids(tokenizer, message, enable_thinking=enable_thinking)
         spans.append((len(tokens), len(tokens) + len(ids)))
         tokens += ids
         mask += [1] * len(ids)
