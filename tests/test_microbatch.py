@@ -362,7 +362,7 @@ def test_grpo_and_sft_micro_batches_must_divide_their_rows():
     validate_config(config)
     config = sft_config("tiny")
     config.sft.micro_batches = 0
-    with pytest.raises(ConfigError, match=r"sft.micro_batches is 0; use a whole number >= 1"):
+    with pytest.raises(ConfigError, match=r"sft.micro_batches is 0; expected a whole number >= 1"):
         validate_config(config)
     config.sft.micro_batches = 3
     with pytest.raises(ConfigError, match=r"sft.micro_batches = 3 does not divide the 8 rows per data shard"):

@@ -391,13 +391,13 @@ def test_verifier_outcomes_of_known_continuations(browse_tasks, tmp_path):
 def test_group_size_one_fails_with_the_fix():
     config = tiny_grpo_config(1)
     config.grpo.group_size = 1
-    with pytest.raises(ConfigError, match=r"grpo.group_size 1 < 2: .* --config.grpo.group_size=8"):
+    with pytest.raises(ConfigError, match=r"grpo.group_size is 1; expected a whole number >= 2: .*every advantage 0"):
         validate_config(config)
 
 
 @pytest.mark.parametrize("field,value,message", [
     ("devices.actor", 3, r"a minibatch of 8 rows .* not divisible by the 3 row shards of the actor mesh"),
-    ("grpo.kl_coef", -0.1, r"grpo.kl_coef must be >= 0"),
+    ("grpo.kl_coef", -0.1, r"grpo.kl_coef is -0.1; expected a number >= 0"),
     ("grpo.loss_agg", "sum", r"grpo.loss_agg 'sum' is not one of"),
     ("world.name", "enterprise", r"world.name is 'enterprise'; .* world.name='browse'"),
 ])

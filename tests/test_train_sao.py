@@ -341,5 +341,5 @@ def test_batch_not_divisible_by_actor_devices_fails_with_the_fix():
 def test_behaviour_strength_out_of_range_fails_with_the_fix():
     config = tiny_sao_config(1)
     config.behaviour.collateral_strength = 1.5
-    with pytest.raises(ConfigError, match=r"behaviour.collateral_strength is 1.5; a strength lies in \[0, 1\]"):
+    with pytest.raises(ConfigError, match=r"behaviour.collateral_strength is 1.5; expected a number in \[0, 1\]"):
         validate_config(config)

@@ -1,7 +1,9 @@
 """Check a config before any work starts: known pipeline, required sections and fields, sane values.
 
-Unknown fields are already rejected by the locked ConfigDict (`--config.typo=1` fails in the flag parser);
-this adds the cross-field rules and names the field and the fix in each message.
+Unknown fields are already rejected by the locked ConfigDict (`--config.typo=1` fails in the flag parser). This
+checks every numeric field's type and range (the table in `config_ranges.py`), the model a preset and its
+overrides make (the model config's own table), then the rules between fields, naming the field and the fix in
+each message.
 """
 from __future__ import annotations
 
@@ -14,10 +16,12 @@ import ml_collections
 from mercury_jax.envs.browse.stop_verifier import STOP_RULES
 from mercury_jax.parallel import MESH_AXES
 from mercury_jax.rl.aggregation import LOSS_AGG_MODES
+from mercury_jax.train.config_ranges import field_problem
 from mercury_jax.train.guards import NonFiniteGuard
 from mercury_jax.train.pivot_data import SOURCES
 from mercury_jax.train.placement import DEVICE_LAYOUTS, role_devices, role_mesh_sizes, row_shards
-from models.qwen35_moe.config import ATTENTION_IMPLS, GDN_IMPLS, MOE_IMPLS, REMAT_POLICIES
+from mercury_jax.train.setup import model_runtime
+from models.qwen35_moe.config import ATTENTION_IMPLS, GDN_IMPLS, MOE_IMPLS, PRESETS, REMAT_POLICIES, field_problems
 
 REQUIRED = {
     "sft": ("seed", "model", "tokenizer", "world", "sft", "checkpoint"),
@@ -37,6 +41,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     missing = [name for name in REQUIRED[pipeline] if name not in config]
     if missing:
         raise ConfigError(f"config for pipeline {pipeline!r} lacks {missing}; start from experiments/{pipeline}.py")
+    problem = field_problem(config)  # before any rule below computes with a field
+    if problem:
+        raise ConfigError(problem)
     model = config.model
     if not model.hf_path and not model.preset:
         raise ConfigError("set model.hf_path (an HF checkpoint directory) or model.preset (e.g. 'tiny')")
@@ -47,8 +54,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"world.corpus_dir {config.world.corpus_dir!r} does not exist; generate it with "
                           f"python -m mercury_jax.envs.generate --out DIR")
     _validate_model_runtime(model)
-    if "behaviour" in config:
-        _validate_behaviour(config.behaviour)
+    if not model.hf_path:  # a checkpoint's config.json is checked by load_hf
+        _validate_preset_model(model)
     if "devices" in config:
         _check_device_groups(config)
     if pipeline == "sft" or config.sft.enabled:  # the warm start trains on the actor's mesh
@@ -93,16 +100,22 @@ def _validate_model_runtime(model) -> None:
                           f"attention without [T, S] scores, pure JAX) or 'dense'")
 
 
-def _validate_behaviour(behaviour) -> None:
-    for name, value in behaviour.items():
-        if name.endswith("_strength") and not 0 <= value <= 1:
-            raise ConfigError(f"behaviour.{name} is {value}; a strength lies in [0, 1] (0 turns that factor of the "
-                              f"behaviour multiplier off, 1 is the full penalty)")
-    if not 0 <= behaviour.repetition_threshold < 1:
-        raise ConfigError(f"behaviour.repetition_threshold is {behaviour.repetition_threshold}; use a value in [0, 1)")
-    if behaviour.ngram < 1 or behaviour.runaway_chars < 1:
-        raise ConfigError(f"behaviour.ngram ({behaviour.ngram}) and behaviour.runaway_chars "
-                          f"({behaviour.runaway_chars}) must be >= 1")
+def _validate_preset_model(model) -> None:
+    """The model `model.preset` and `model.overrides` make (no weights): each override's type and range, then the
+    model config's rules between fields (heads that divide, experts per token <= experts, ...)."""
+    if model.preset not in PRESETS:
+        raise ConfigError(f"model.preset is {model.preset!r}; use one of {sorted(PRESETS)} (or set model.hf_path)")
+    overrides = model.get("overrides") or ml_collections.ConfigDict()
+    if model.preset != "tiny":  # train/setup.py preset_config: only the tiny preset takes overrides
+        overrides = ml_collections.ConfigDict()
+    problems = field_problems(overrides)
+    if problems:
+        raise ConfigError("; ".join(f"model.overrides.{problem}" for problem in problems))
+    try:
+        PRESETS[model.preset](**model_runtime(model), **overrides.to_dict())
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"model.preset {model.preset!r} with model.overrides {overrides.to_dict()} is not a valid "
+                          f"model: {str(error).removeprefix('invalid Qwen35MoeConfig: ')}") from None
 
 
 def _check_device_groups(config) -> None:
@@ -160,9 +173,6 @@ def _validate_sao(config) -> None:
                               f"or mesh.{name} / devices.{name}")
         _check_micro_batches(f"sao.{name}_micro_batches", config.sao.get(f"{name}_micro_batches", 1),
                              config.sao.batch_prompts, shards, "sao.batch_prompts", name)
-    if not 0 < config.sao.eps_low < 1 or config.sao.eps_high <= 0:
-        raise ConfigError(f"sao.eps_low must be in (0, 1) and sao.eps_high > 0, got {config.sao.eps_low}, "
-                          f"{config.sao.eps_high}")
 
 
 def _validate_grpo(config) -> None:
@@ -170,12 +180,6 @@ def _validate_grpo(config) -> None:
     if config.world.name != "browse":
         raise ConfigError(f"world.name is {config.world.name!r}; pivot GRPO trains on browsing states, set "
                           f"world.name='browse'")
-    if g.group_size < 2:
-        raise ConfigError(f"grpo.group_size {g.group_size} < 2: group advantages need at least 2 continuations per "
-                          f"state (1 makes every advantage 0); use e.g. --config.grpo.group_size=8")
-    if g.batch_states < 1 or g.steps < 0 or g.ppo_epochs < 1 or g.minibatches < 1:
-        raise ConfigError(f"grpo.batch_states ({g.batch_states}), grpo.ppo_epochs ({g.ppo_epochs}) and "
-                          f"grpo.minibatches ({g.minibatches}) must be >= 1 and grpo.steps ({g.steps}) >= 0")
     rows = g.batch_states * g.group_size
     if g.pack_rows and g.minibatches > 1:
         raise ConfigError(f"grpo.pack_rows packs the whole batch into the first micro-batches, but grpo.minibatches "
@@ -195,12 +199,8 @@ def _validate_grpo(config) -> None:
     if rows % shards:
         raise ConfigError(f"grpo.batch_states x grpo.group_size = {rows} rows are not divisible by the {shards} row "
                           f"shards of the reference mesh {sizes} (on the actor's devices); change mesh.reference")
-    if g.kl_coef < 0:
-        raise ConfigError(f"grpo.kl_coef must be >= 0 (0 turns the KL off), got {g.kl_coef}")
     if g.kl_estimator not in ("k1", "k2", "k3"):
         raise ConfigError(f"grpo.kl_estimator {g.kl_estimator!r} is not one of k1, k2, k3")
-    if not 0 < g.eps < 1 or g.eps_high <= 0:
-        raise ConfigError(f"grpo.eps must be in (0, 1) and grpo.eps_high > 0, got {g.eps}, {g.eps_high}")
     if g.loss_agg not in LOSS_AGG_MODES:
         raise ConfigError(f"grpo.loss_agg {g.loss_agg!r} is not one of {LOSS_AGG_MODES}")
     if g.pivot_source not in SOURCES:
@@ -212,9 +212,9 @@ def _validate_grpo(config) -> None:
         raise ConfigError(f"grpo.pivots_path {g.pivots_path!r} does not exist and neither does its directory (the "
                           f"dataset is built there when missing); create the directory or pass "
                           f"--config.grpo.pivots_path='' to build it into the workdir")
-    if rollout.max_turn_tokens < 1 or rollout.max_turn_tokens >= rollout.max_total_tokens:
-        raise ConfigError(f"rollout.max_turn_tokens {rollout.max_turn_tokens} must be in [1, "
-                          f"rollout.max_total_tokens = {rollout.max_total_tokens})")
+    if rollout.max_turn_tokens >= rollout.max_total_tokens:
+        raise ConfigError(f"rollout.max_turn_tokens {rollout.max_turn_tokens} must be below rollout.max_total_tokens "
+                          f"= {rollout.max_total_tokens} (a continuation leaves room for its prompt)")
     if not config.sft.enabled and not config.model.hf_path:
         print("[grpo] warning: sft.enabled is False and model.hf_path is empty: GRPO starts from an untrained "
               "model", flush=True)

@@ -1,0 +1,153 @@
+"""`validate_config` refuses every out-of-range or wrong-typed numeric field of the released configs in one line
+naming the field, the value and the range (the table in mercury_jax/train/config_ranges.py), before any work
+starts; the released configs and their `:tiny` variants pass."""
+from __future__ import annotations
+
+import math
+import re
+
+import jax
+import ml_collections
+import pytest
+
+from experiments import grpo, sao, sft
+from mercury_jax.train.config_ranges import FIELDS, UNCHECKED, leaves, rule_for
+from mercury_jax.train.validate import ConfigError, validate_config
+
+EXPERIMENTS = {"sft": sft, "sao": sao, "grpo": grpo}
+VARIANTS = [(name, variant) for name in EXPERIMENTS for variant in (None, "tiny")]
+
+
+@pytest.fixture
+def pod(monkeypatch, tmp_path):
+    """What the released configs expect of their machine: 128 TPU devices, an HF checkpoint at model.hf_path and
+    the pivot dataset's directory (this test has 8 fake CPU devices and neither path)."""
+    monkeypatch.setattr(jax, "device_count", lambda: 128)
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+
+    def config(name: str, variant: str | None) -> ml_collections.ConfigDict:
+        c = EXPERIMENTS[name].get_config(variant)
+        if c.model.hf_path:
+            c.model.hf_path = str(tmp_path)
+        if name == "grpo" and c.grpo.pivots_path:
+            c.grpo.pivots_path = str(tmp_path / "pivots.jsonl")
+        return c
+    return config
+
+
+def _numeric(config) -> list[tuple[str, object]]:
+    return [(path, value) for path, value in leaves(config) if isinstance(value, int | float)
+            and not path.startswith(tuple(p.rstrip("*") for p in UNCHECKED))]
+
+
+def _with(config: ml_collections.ConfigDict, path: str, value) -> ml_collections.ConfigDict:
+    """`config` with `path` set to `value`, whatever its type (a ConfigDict refuses a change of type)."""
+    tree = config.to_dict()
+    *parents, leaf = path.split(".")
+    node = tree
+    for key in parents:
+        node = node[key]
+    node[leaf] = value
+    return ml_collections.ConfigDict(tree)
+
+
+@pytest.mark.parametrize("name, variant", VARIANTS)
+def test_the_released_configs_and_their_tiny_variants_validate(pod, name, variant):
+    validate_config(pod(name, variant))
+
+
+def test_every_numeric_field_has_a_rule_and_every_rule_a_field(pod):
+    """A numeric field added to a config without a row in config_ranges.FIELDS fails here, and so does a row whose
+    pattern matches nothing (a typo would leave its field unchecked)."""
+    paths = {path for name, variant in VARIANTS for path, _ in _numeric(pod(name, variant))}
+    assert sorted(path for path in paths if rule_for(path) is None) == []
+    used = {rule_for(path).pattern for path in paths}
+    assert [field.pattern for field in FIELDS if field.pattern not in used] == []
+
+
+def _bad_values(field) -> list:
+    """A wrong type, and the nearest values just outside the range on each bounded side."""
+    rule = field.rule
+    if rule.kind is bool:
+        return ["yes", 1]
+    bad = ["abc", True] + ([1.5] if rule.kind is int else [math.nan, math.inf])
+    step = 1 if rule.kind is int else 1e-3
+    if rule.low is not None:
+        bad.append(rule.low if rule.low_open else rule.low - step)
+    if rule.high is not None:
+        bad.append(rule.high if rule.high_open else rule.high + step)
+    return bad
+
+
+def _cases():
+    """(experiment, variant, path, bad value) for every numeric path of the released configs, each path taken from
+    the first config that has it."""
+    seen, cases = set(), []
+    for name, variant in VARIANTS:
+        for path, _ in _numeric(EXPERIMENTS[name].get_config(variant)):
+            if path not in seen and rule_for(path):  # a path without a rule fails the coverage test above
+                seen.add(path)
+                cases += [(name, variant, path, bad) for bad in _bad_values(rule_for(path))]
+    return cases
+
+
+@pytest.mark.parametrize("name, variant, path, bad", _cases())
+def test_each_bad_value_is_refused_naming_the_field(pod, name, variant, path, bad):
+    config = _with(pod(name, variant), path, bad)
+    with pytest.raises(ConfigError) as refused:
+        validate_config(config)
+    message = str(refused.value)
+    assert message.startswith(f"{path} is {bad!r}; expected ") and "\n" not in message, message
+
+
+@pytest.mark.parametrize("path, value, expected", [  # the values of issue #34 item 4, with the messages
+    ("sao.batch_prompts", 0, "sao.batch_prompts is 0; expected a whole number >= 1: prompts a step, one rollout each"),
+    ("sao.batch_prompts", -4, "sao.batch_prompts is -4; expected a whole number >= 1"),
+    ("rollout.num_slots", 0, "rollout.num_slots is 0; expected a whole number >= 1: sequences decoded at once"),
+    ("sao.alpha", 0.0, "sao.alpha is 0.0; expected a number > 0: lambda = 1 - 1 / (alpha L)"),
+    ("rollout.top_p", 0.0, "rollout.top_p is 0.0; expected a number in (0, 1]: 1: no nucleus filter"),
+    ("rollout.top_p", 1.5, "rollout.top_p is 1.5; expected a number in (0, 1]"),
+    ("rollout.temperature", -0.5, "rollout.temperature is -0.5; expected a number >= 0: 0: greedy"),
+    ("mesh.actor.fsdp", 0, "mesh.actor.fsdp is 0; expected a whole number >= 1 (or -1)"),
+    ("sft.steps", 2.0, "sft.steps is 2.0; expected a whole number >= 0"),
+    ("sao.pack_rows", 1, "sao.pack_rows is 1; expected True or False"),
+])
+def test_the_reported_values_are_refused_with_the_range(path, value, expected):
+    with pytest.raises(ConfigError, match="^" + re.escape(expected)):
+        validate_config(_with(sao.get_config("tiny"), path, value))
+
+
+@pytest.mark.parametrize("path, value", [
+    ("rollout.temperature", 0.0),   # greedy (rollout/sampling.py)
+    ("rollout.top_p", 1.0), ("sao.gamma", 0.0), ("sao.gamma", 1.0), ("sao.lam_critic", 0.0),
+    ("sao.value_clip", 0.0), ("sao.max_staleness", 0), ("sao.eval_every", 0), ("checkpoint.every", 0),
+    ("sao.actor_optimizer.grad_clip", 0.0), ("sao.critic_optimizer.lr", 1),  # an int where a float is meant
+    ("mesh.actor.data", -1), ("rollout.max_tool_turns", 0), ("sao.steps", 0),
+])
+def test_edge_values_that_mean_something_are_accepted(path, value):
+    config = _with(sao.get_config("tiny"), path, value)
+    if path == "mesh.actor.data":
+        config.mesh.actor.fsdp = 1
+    validate_config(config)
+
+
+def test_a_string_field_outside_its_choices_is_refused():
+    with pytest.raises(ConfigError, match=r"^rollout.mode is 'asink'; use one of \['sync', 'async'\]"):
+        validate_config(_with(sao.get_config("tiny"), "rollout.mode", "asink"))
+
+
+@pytest.mark.parametrize("field, value, pattern", [
+    ("hidden_size", -1, r"^model.overrides.hidden_size is -1; expected a whole number >= 1"),
+    ("num_experts", "8", r"^model.overrides.num_experts is '8'; expected a whole number in \[1, 65536\]"),
+    ("num_key_value_heads", 3, r"^model.preset 'tiny' with model.overrides .* is not a valid model: "
+                               r"num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
+    ("num_experts_per_tok", 9, r"num_experts_per_tok 9 must be in 1..num_experts \(8\)"),
+])
+def test_the_tiny_models_overrides_are_checked_by_the_model_table(field, value, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        validate_config(_with(sao.get_config("tiny"), f"model.overrides.{field}", value))
+
+
+def test_an_unknown_preset_is_refused():
+    with pytest.raises(ConfigError, match=r"^model.preset is 'huge'; use one of \["):
+        validate_config(_with(sft.get_config("tiny"), "model.preset", "huge"))
