@@ -2,7 +2,9 @@
 
 Reads an ml_collections config (variants after `:`, overrides with `--config.key=value`), checks it before any
 work starts, initialises multi-host JAX when running on a pod, logs versions and devices, and runs the pipeline
-named by `config.pipeline`. A rerun with the same `--workdir` resumes from its last checkpoint, refusing a config
+named by `config.pipeline`. A missing or unloadable config file, an override of the wrong type, a config that fails
+validation and a workdir that cannot be a directory each end the run with one `error:` line on stderr (exit 1)
+before any work. A rerun with the same `--workdir` resumes from its last checkpoint, refusing a config
 that differs from the workdir's in a field that changes shapes or data (`--resume_force_config` overrides). A
 SIGTERM checkpoints the step in progress and exits with status 143 (`train/preemption.py`).
 """
@@ -12,6 +14,7 @@ import importlib.util
 import os
 import sys
 import time
+from pathlib import Path
 
 from mercury_jax.parallel import distributed, peer_watch
 
@@ -31,8 +34,8 @@ from mercury_jax.train.environment import record_environment  # noqa: E402  (pac
 from mercury_jax.train.pipelines import PIPELINES  # noqa: E402
 from mercury_jax.train.resume import check_run_config  # noqa: E402  (a rerun resumes: it must be the same run)
 from mercury_jax.train.run_guard import run_guard  # noqa: E402  (the workdir lock and the peer watch)
-from mercury_jax.train.rundir import RunDir  # noqa: E402
-from mercury_jax.train.validate import validate_config  # noqa: E402
+from mercury_jax.train.rundir import RunDir, is_local  # noqa: E402
+from mercury_jax.train.validate import ConfigError, validate_config  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file, e.g. experiments/sao.py:tiny",
                                           lock_config=True)
@@ -55,9 +58,13 @@ def main(argv):
     config = _CONFIG.value
     if config is None:
         raise app.UsageError("--config is required, e.g. --config experiments/sao.py:tiny")
-    validate_config(config)
+    try:
+        validate_config(config)
+    except ConfigError as error:
+        raise SystemExit(f"error: {error}") from None
 
     workdir = _WORKDIR.value or os.path.join("runs", f"{config.pipeline}-{time.strftime('%Y%m%d-%H%M%S')}")
+    _check_workdir(workdir)
     run = RunDir(workdir).make()  # a local path, file:///abs/path or a remote URI (gs://bucket/run)
     print(f"mercury_jax: pipeline={config.pipeline} workdir={workdir}\n"
           f"jax {jax.__version__}, flax {flax.__version__}, backend {jax.default_backend()}, {jax.device_count()} "
@@ -76,11 +83,39 @@ def main(argv):
         PIPELINES[config.pipeline](config, run.root)
 
 
-def unknown_override(argv: list[str]) -> str | None:
-    """The first `--config.a.b=...` override naming a field the config file does not have, as a message."""
+def _check_workdir(workdir: str) -> None:
+    """A local `--workdir` that is a file, or that cannot be created or written, ends the run in one line before
+    any work (RunDir.make would raise a traceback). Remote URIs are left to RunDir.make."""
+    try:
+        root = RunDir(workdir).root
+    except ValueError as error:  # a relative file:// URI
+        raise SystemExit(f"error: --workdir {workdir}: {error}") from None
+    if not is_local(root):
+        return
+    path = Path(os.fspath(root))
+    if path.exists() and not path.is_dir():
+        raise SystemExit(f"error: --workdir {workdir} is a file, not a directory; pass a directory (a new one, or a "
+                         f"run's to resume it)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise SystemExit(f"error: --workdir {workdir} cannot be created ({error.strerror}: {error.filename}); pass "
+                         f"a directory this user can create") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise SystemExit(f"error: --workdir {workdir} is not writable by this user; pass another directory")
+
+
+def _config_arg(argv: list[str]) -> str | None:
+    """The value of `--config` in `argv` (`path[:variant]`), or None."""
     config_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
     if config_arg is None and "--config" in argv[:-1]:
         config_arg = argv[argv.index("--config") + 1]
+    return config_arg
+
+
+def unknown_override(argv: list[str]) -> str | None:
+    """The first `--config.a.b=...` override naming a field the config file does not have, as a message."""
+    config_arg = _config_arg(argv)
     if not config_arg:
         return None
     path, _, variant = config_arg.partition(":")
@@ -106,14 +141,36 @@ def unknown_override(argv: list[str]) -> str | None:
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
-    """absl flag parsing, but a misspelt `--config.x.y=` override ends with a message naming the field."""
+    """absl flag parsing, ending in one `error:` line (no traceback) for a misspelt `--config.x.y=` override (naming
+    the field), a config file that is missing or cannot be read, a config file that raises (its last line), and
+    an override of the wrong type (`--config.sao.steps=abc`, as ml_collections words it)."""
     try:
-        return flags.FLAGS(argv)
+        remaining = flags.FLAGS(argv)
+        if _CONFIG.value is not None:
+            _CONFIG.value.keys()  # config_flags defers a file that failed to load to the first access: make it here
+        return remaining
     except (AttributeError, KeyError) as error:
         message = unknown_override(argv)
         if message is None:
             raise
         raise SystemExit(f"error: {message}") from error
+    except OSError as error:  # config_flags: "Configuration is not available because of an earlier failure ..."
+        path = (_config_arg(argv) or "").partition(":")[0]
+        if path and not os.path.exists(path):
+            raise SystemExit(f"error: --config {path}: no such config file; pass an experiment file, e.g. "
+                             f"--config experiments/sao.py:tiny") from None
+        raise SystemExit(f"error: --config {path}: cannot be loaded ({_last_line(error.__cause__ or error)})") from None
+    except flags.IllegalFlagValueError as error:  # a wrong override type, or the config file's own exception
+        raise SystemExit(f"error: {_last_line(error)}") from None
+
+
+def _last_line(error: BaseException) -> str:
+    """The message of `error` in one line: a wrapped traceback (config_flags quotes one) gives its last line, after
+    the flag it concerns."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].startswith("flag --"):
+        return f"{lines[0].split(': ', 1)[0]}: {lines[-1]}"
+    return lines[-1] if lines else type(error).__name__
 
 
 if __name__ == "__main__":
