@@ -5,8 +5,8 @@ empty micro-batch is skipped; every learner step on the packed batch equals the 
 Reference: the padded batch (one trajectory per row) through the same step maker with micro_batches=1. Setting
 and tolerances as test_microbatch.py (8-device CPU mesh data=2 x fsdp=2 x expert=2, `TokenMixture`, whose token
 mixing stops at segment boundaries as the real model's attention and GDN do; tests/test_model_decode_packing.py
-checks that for the real model): metrics to rtol 1e-6, the gradient to 1e-6 of its norm. The packed program sums
-the same per-token terms in another order (rows regrouped, one micro-batch skipped), nothing else.
+checks that for the real model): metrics and gradients to the float32 rounding bounds of tests/tolerances.py. The
+packed program sums the same per-token terms in another order (rows regrouped, one micro-batch skipped), nothing else.
 """
 from __future__ import annotations
 
@@ -101,10 +101,12 @@ def test_aggregation_over_segments_equals_aggregation_over_rows(small_model, mes
     batch = policy_batch(small_model, mesh, eps_low=0.2, eps_high=0.28)
     packed = pack_batch(batch, lengths_of(batch), M)
     per_token = np.random.default_rng(0).normal(size=(B, T)).astype(np.float32)
-    want = aggregate(per_token, batch["action_mask"], mode)
-    got = aggregate(np.asarray(relayout(per_token, packed["pack_index"])), packed["action_mask"], mode,
-                    segment_ids=packed["segment_ids"])
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=RTOL)
+    want = np.asarray(aggregate(per_token, batch["action_mask"], mode))
+    got = np.asarray(aggregate(np.asarray(relayout(per_token, packed["pack_index"])), packed["action_mask"], mode,
+                               segment_ids=packed["segment_ids"]))
+    # terms of both signs: the sums' rounding scales with the sum of magnitudes (tests/tolerances.py), 8-12 x |sum|
+    magnitude = np.asarray(aggregate(np.abs(per_token), batch["action_mask"], mode))
+    assert np.all(np.abs(got - want) <= RTOL * magnitude), (got, want, magnitude)
 
 
 # ------------------------------------------------------------------------------------------------ steps
@@ -142,7 +144,8 @@ def test_packed_grpo_step_equals_the_padded_batch(small_model, mesh, loss_agg):
 
 def test_packed_advantages_equal_the_padded_ones(small_model, mesh):
     """Values on packed rows, GAE on the trajectories: advantages, returns and values, moved back to the padded
-    layout, equal the padded batch's (fp32, rtol 1e-6, atol 1e-6 as test_microbatch's value forward)."""
+    layout, equal the padded batch's (fp32, rtol 1e-6, atol 1e-6 as test_microbatch's value forward; observed
+    bit-equal with XLA:CPU's default, AVX2 and SSE4.2 code)."""
     batch = short_rows(policy_batch(small_model, mesh, eps_low=0.2, eps_high=0.28))
     mask = batch["action_mask"]
     rewards = np.zeros_like(mask)
@@ -157,7 +160,7 @@ def test_packed_advantages_equal_the_padded_ones(small_model, mesh):
     want = jax.device_get(advantage_fn(state.params, state.frozen, batch_to_mesh(padded, mesh)))
     got = jax.device_get(advantage_fn(state.params, state.frozen, batch_to_mesh(packed, mesh)))
     for w, g in zip(want[:3], got[:3]):
-        np.testing.assert_allclose(np.asarray(relayout(g, packed["unpack_index"])), w, rtol=RTOL, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(relayout(g, packed["unpack_index"])), w, rtol=1e-6, atol=1e-6)
     for key in want[3]:
         np.testing.assert_allclose(got[3][key], want[3][key], rtol=1e-5, atol=1e-6, err_msg=key)
     assert np.abs(want[0]).sum() > 0

@@ -4,8 +4,10 @@ from the traced program (mercury_jax/bench/remat_residuals.py), and that none ch
 Expected residuals per token per block (tiny, fp32 compute, hidden H = 64, 4 bytes an element), exact because the
 counts are of whole [B, T, H] arrays: "full" keeps only the scan carry (H elements), "save_layer_inputs" each of
 the 4 layers' inputs (4 H), "save_layer_and_moe_inputs" also each MoE input (8 H). Gradients agree with the
-un-rematerialised program to fp32 reassociation (rtol 1e-5 per leaf, relative to its norm): a recomputed forward
-runs the same operations, but XLA may fuse the recomputation differently."""
+un-rematerialised program to fp32 reassociation (tests/tolerances.py: the whole gradient and each leaf, whose GDN
+A_log and dt_bias may nearly cancel, to the rounding bound of sums over the 48 tokens): a recomputed forward runs the
+same operations, but XLA may fuse the recomputation differently (observed <= 0.01 of the bound, default, AVX2 and
+SSE4.2 code)."""
 from __future__ import annotations
 
 import jax
@@ -13,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from tolerances import assert_gradients_close
 
 from mercury_jax.bench.remat_residuals import bytes_per_token_per_block
 from models.qwen35_moe import Qwen35MoeForCausalLM
@@ -47,5 +50,4 @@ def test_a_named_policy_does_not_change_the_loss_or_its_gradient():
     plain_loss, plain_grad = loss_and_grad(tiny("none", layers=2, interval=2))
     loss, grad = loss_and_grad(tiny("save_layer_and_moe_inputs", layers=2, interval=2))
     np.testing.assert_allclose(loss, plain_loss, rtol=1e-6)
-    for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(plain_grad)):
-        assert float(jnp.linalg.norm(a - b)) <= 1e-5 * float(jnp.linalg.norm(b)) + 1e-12
+    assert_gradients_close(jax.device_get(grad), jax.device_get(plain_grad), n_terms=ids.size)  # sums over tokens
