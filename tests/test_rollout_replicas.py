@@ -1,7 +1,8 @@
 """Rollout replicas on the 8-device CPU mesh against the single-device engine: R replicas x (8 / R)-device meshes
 give the same greedy tokens and log-probs, first turns and multi-turn continuations (kept cache and re-prefill);
 the cache and weights really are split; a prefill moves one slot's row; a 4-device replica's decode program does
-at most a third of the single-device program's FLOPs per device.
+at most a third of the single-device program's FLOPs per device; a new request goes to a replica with a slot
+that no running, parked or queued request claims.
 
 Tokens are compared exactly. Log-probs to 1e-5 (fp32): a tensor-split matmul sums its partial products in another
 order than one device does (the same tolerance as the engine's own 1-slot vs n-slot comparisons).
@@ -179,3 +180,21 @@ def test_replica_sizing_counts_each_devices_share_and_refuses_before_compiling(m
         Engine(model, num_slots=SLOTS, max_length=MAX_LEN, mesh=data2, hbm_gib=need * 0.99)
     engine = Engine(model, num_slots=SLOTS, max_length=MAX_LEN, mesh=data2, hbm_gib=need * 1.01)
     assert engine.sampler.memory["total_gib"] == pytest.approx(need)
+
+
+@pytest.mark.slow  # ~20 s: two replicas' programs compile
+def test_a_new_request_goes_to_a_replica_with_an_unclaimed_slot(model):
+    """2 replicas x 2 slots. Three kept first turns park both slots of replica 0 and one of replica 1; a continuation
+    waits on replica 1 for its parent's slot (load 2 = replica 0's). A new request then belongs on replica 1's free
+    slot: on replica 0 it would find every slot parked and the engine would refuse to run."""
+    engine = ReplicatedEngine(model, meshes=replica_meshes(jax.devices()[:2], {"data": 1}), num_slots=2,
+                              max_length=MAX_LEN)
+    for i in range(3):
+        engine.submit(Request(i, PROMPTS[i], max_new_tokens=2, temperature=0.0, keep_cache=True))
+    engine.run()
+    assert [sorted(e.parked) for e in engine.engines] == [[0, 2], [1]]
+    engine.submit(Request(11, OBSERVATIONS[1], max_new_tokens=2, temperature=0.0, continue_from=1))
+    engine.submit(Request(20, PROMPTS[3], max_new_tokens=2, temperature=0.0))
+    results = engine.run()  # raised "every slot is parked" when request 20 went to replica 0
+    assert (engine.replica_of(11), engine.replica_of(20)) == (1, 1)
+    assert len(results[11].tokens) == len(results[20].tokens) == 2

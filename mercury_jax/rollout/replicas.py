@@ -5,8 +5,10 @@
     engine.submit(Request(...)); engine.run(); engine.results[request_id]
 
 Each replica is an `Engine` on its own mesh (weights cast to `param_dtype` and sharded, cache sharded with them)
-with its own `num_slots` slots and continuous batching. A new request goes to the least-loaded replica; a
-continuation goes to its parent's replica (where a `keep_cache` parent's cache is parked). `step()` dispatches
+with its own `num_slots` slots and continuous batching. A new request goes to the least-loaded replica among those
+with an unclaimed slot (neither running, parked by a `keep_cache` sequence, nor wanted by a queued request): a
+replica whose slots are all parked would refuse it ("every slot is parked") while another has room. A continuation
+goes to its parent's replica (where a `keep_cache` parent's cache is parked). `step()` dispatches
 every replica's decode chunk before collecting any, so the replicas decode at the same time. Results are one dict
 keyed by request id; a request's tokens depend only on (seed, request id, weights), not on its replica (sampling.py),
 so the episode runner and the async worker run over this as over one engine and produce one trajectory stream.
@@ -89,7 +91,7 @@ class ReplicatedEngine:
         if parent is not None and parent in self._replica_of:
             replica = self._replica_of[parent]
         else:  # a new sequence (or a continuation of a forgotten parent, which the engine refuses)
-            replica = min(range(len(self.engines)), key=lambda r: (self._load(r), r))
+            replica = self._replica_for_new()
         self.engines[replica].submit(request)
         self._replica_of[request.request_id] = replica
 
@@ -164,6 +166,22 @@ class ReplicatedEngine:
                 "prefill_tokens": sum(s["prefill_tokens"] for s in per_replica), "seconds": seconds,
                 "slot_occupancy": busy / slot_steps if slot_steps else 0.0,
                 "tokens_per_second": generated / seconds if seconds else 0.0, "replicas": len(self.engines)}
+
+    def _replica_for_new(self) -> int:
+        """The least-loaded replica (ties: the lowest index) among those with an unclaimed slot; when none has one,
+        the least-loaded of all (the request waits there for a slot)."""
+        replicas = range(len(self.engines))
+        open_ = [r for r in replicas if self._unclaimed_slots(r) > 0]
+        return min(open_ or replicas, key=lambda r: (self._load(r), r))
+
+    def _unclaimed_slots(self, replica: int) -> int:
+        """Slots of `replica` that no running, parked or queued request will take. A queued continuation of a
+        parked sequence takes that sequence's slot (the first of several continuations does; the others need one
+        of their own)."""
+        engine = self.engines[replica]
+        continued = {r.continue_from for r in engine.queue if r.continue_from in engine.parked}
+        claimed = sum(s is not None for s in engine.slots) + len(engine.parked) + len(engine.queue) - len(continued)
+        return engine.num_slots - claimed
 
     def _load(self, replica: int) -> int:
         engine = self.engines[replica]
