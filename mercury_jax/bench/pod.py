@@ -69,6 +69,12 @@ from models.qwen35_moe.config import PRESETS  # noqa: E402
 from models.qwen35_moe.critic import Qwen35MoeCritic, critic_trainable  # noqa: E402
 
 GIB = 2.0 ** 30
+# Async across hosts (train/async_batches.py): a batch's trajectories reach every process by a host all-gather, in
+# rounds. Per token a trajectory carries its id (int32), log-prob (fp32), action mask and policy version (int32):
+# ~13 bytes, pickled. Assumed: 12.5 GB/s (100 Gb/s) of data-centre network a host, and two rounds of ~1 ms a batch.
+TRAJECTORY_BYTES_PER_TOKEN = 13
+DCN_BYTES_PER_S = 12.5e9
+ASSEMBLY_ROUNDS_S = 2 * 1e-3
 HBM_GIB = {"v5p": 95.0}  # per chip
 # the smallest v5p slice of at least N chips (Cloud TPU's v5p topologies)
 V5P_TOPOLOGIES = {8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8", 256: "4x8x8", 512: "8x8x8",
@@ -381,7 +387,12 @@ def step_estimate(config, results: list[Result], rollout: dict, generated: int, 
     publish_s = sum(x.roofline_s for x in results if x.program.name.startswith("publish"))
     mode = r.get("mode", "sync")
     async_mode = mode == "async"
-    step_s = max(rollout_s, learner_s + publish_s) if async_mode else rollout_s + learner_s + publish_s
+    # async: every host receives the whole batch before the learner starts; the rollout hosts take part in each
+    # publish (its send reads and writes their HBM while they decode), so it costs both sides
+    assembly_s = (episodes * r.max_total_tokens * TRAJECTORY_BYTES_PER_TOKEN / DCN_BYTES_PER_S + ASSEMBLY_ROUNDS_S
+                  if async_mode else 0.0)
+    step_s = (max(rollout_s + publish_s, assembly_s + learner_s + publish_s) if async_mode
+              else rollout_s + learner_s + publish_s)
     rollout_flops = decode.program.model_flops / rollout["steps"] / rollout["slots"] * episodes * generated
     rollout_flops += prefill.program.model_flops / rollout["prefill_tokens"] * episodes * prefilled
     learner_flops = sum(x.program.model_flops * x.program.per_step for x in learner)
@@ -394,12 +405,16 @@ def step_estimate(config, results: list[Result], rollout: dict, generated: int, 
             f"x {prefill.roofline_s * 1e3:.1f} ms = **{seconds(rollout_s)}**. Learner: "
             + ("values + max(K x critic step, actor step) (critic and actor chips work at once)" if pipeline == "sao"
                else "reference + optimiser steps") + f" = **{seconds(learner_s)}**; publish {publish_s * 1e3:.0f} ms. "
-            f"Step: " + ("max(rollout, learner + publish) (async: the two overlap)" if async_mode
-                         else "rollout + learner + publish (sync)") + f" = **{seconds(step_s)}**. Model FLOPs per step "
-            f"(hand count: 2 N per generated or prefilled token, 6 N per trained token, N the active parameters, plus "
-            f"causal attention) {(rollout_flops + learner_flops) / 1e12:,.1f} TFLOP over {chips} chips x "
-            f"{V5P_PEAK_FLOPS / 1e12:.0f} TFLOP/s x {seconds(step_s)}: **MFU {mfu:.1%}** (an upper bound, as the "
-            f"time is a lower bound).")
+            + (f"Batch assembly across hosts (async): {episodes} x {r.max_total_tokens:,} tokens x "
+               f"{TRAJECTORY_BYTES_PER_TOKEN} B to every host at {DCN_BYTES_PER_S / 1e9:.1f} GB/s + "
+               f"{ASSEMBLY_ROUNDS_S * 1e3:.0f} ms of rounds = {seconds(assembly_s)}. " if async_mode else "")
+            + "Step: " + ("max(rollout + publish, assembly + learner + publish) (async: the two sides overlap; the "
+                          "rollout hosts join every publish)" if async_mode
+                          else "rollout + learner + publish (sync)") + f" = **{seconds(step_s)}**. "
+            f"Model FLOPs per step (hand count: 2 N per generated or prefilled token, 6 N per trained token, N the "
+            f"active parameters, plus causal attention) {(rollout_flops + learner_flops) / 1e12:,.1f} TFLOP over "
+            f"{chips} chips x {V5P_PEAK_FLOPS / 1e12:.0f} TFLOP/s x {seconds(step_s)}: **MFU {mfu:.1%}** (an upper "
+            f"bound, as the time is a lower bound).")
 
 
 def table(results: list[Result], hbm_bytes: float, headroom: float) -> str:

@@ -69,14 +69,20 @@ def fetch(tree):
     process calls it with the same tree."""
     leaves, treedef = jax.tree.flatten(tree)
     values, gather = [], False
+    everyone = set(range(jax.process_count()))
     for x in leaves:
-        if not isinstance(x, jax.Array) or x.is_fully_addressable:
-            values.append(np.asarray(jax.device_get(x)))
+        if not isinstance(x, jax.Array):
+            values.append(np.asarray(x))
             continue
-        whole = x if x.is_fully_replicated else _replicated(x.sharding)(x)  # every process runs it (SPMD)
-        local = {d for d in x.sharding.device_set if d.process_index == jax.process_index()}
-        values.append(np.asarray(whole) if local else None)
-        gather |= {d.process_index for d in x.sharding.device_set} != set(range(jax.process_count()))
+        owners = owning_processes(x)
+        if x.is_fully_addressable:
+            values.append(np.asarray(jax.device_get(x)))
+        elif jax.process_index() in owners:  # the owners run it together (SPMD over the array's devices)
+            values.append(np.asarray(x if x.is_fully_replicated else _replicated(x.sharding)(x)))
+        else:
+            values.append(None)
+        # decided from the sharding alone, the same on every process (whether a leaf is fully addressable is not)
+        gather |= owners != everyone
     if gather:
         every = all_gather_objects(values)
         values = [next(v[i] for v in every if v[i] is not None) for i in range(len(values))]
@@ -87,8 +93,24 @@ def from_host(value, sharding) -> jax.Array:
     """A host value (the same on every process) as an array of `sharding`, each process placing its own shards: works
     for any layout, where a `device_put` onto a mesh spanning processes is refused (a jax array) or can build a
     broken array (jax 0.10, a one-device array onto a mesh with one device a process)."""
-    value = np.asarray(value)
-    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+    value = np.asarray(value)  # the dtype is passed: a process holding none of the devices calls the callback never
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index], dtype=value.dtype)
+
+
+def owning_processes(x) -> set[int]:
+    """The processes whose devices hold the array `x` ({this process} for a host value)."""
+    if isinstance(x, jax.Array):
+        return {d.process_index for d in x.sharding.device_set}
+    return {jax.process_index()}
+
+
+def without_local_shards(shape, dtype, sharding) -> jax.Array:
+    """An array of `sharding` on a process that holds none of its devices: it has no data here, and the processes
+    that hold its devices make it with theirs (every process builds the same global array)."""
+    if any(d.process_index == jax.process_index() for d in sharding.device_set):
+        raise ValueError(f"this process holds devices of {sharding}: place a value there (from_host)")
+    # a fully replicated layout calls the callback once even when no device is local (its value then goes nowhere)
+    return jax.make_array_from_callback(tuple(shape), sharding, lambda index: np.zeros((0,), dtype), dtype=dtype)
 
 
 @functools.lru_cache(maxsize=64)

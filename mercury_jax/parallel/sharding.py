@@ -15,7 +15,7 @@ import jax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from mercury_jax.parallel.distributed import fetch, from_host
+from mercury_jax.parallel.distributed import fetch, from_host, owning_processes, without_local_shards
 
 DEFAULT_RULES: Mapping[str, str | tuple[str, ...] | None] = {
     "vocab": "tensor",
@@ -128,8 +128,12 @@ def copy_into(module_state: nnx.State, abstract_state: nnx.State, mesh: Mesh, ru
     flat = nnx.to_flat_state(abstract_state)
     for path, variable in flat:
         value, sharding = source[path].get_value(), variable_sharding(path, variable, mesh, rules)
-        if getattr(value, "is_fully_addressable", True) and sharding.is_fully_addressable:
-            variable.set_value(jax.device_put(value, sharding, may_alias=False))
-        else:
+        # decided from the layouts alone, the same on every process (whether *this* process reaches both is not)
+        owners = owning_processes(value) | {d.process_index for d in sharding.device_set}
+        if len(owners) > 1:
             variable.set_value(from_host(fetch(value), sharding))
+        elif owners == {jax.process_index()}:
+            variable.set_value(jax.device_put(value, sharding, may_alias=False))
+        else:  # source and target are another process's alone: this one holds no shard of the copy
+            variable.set_value(without_local_shards(value.shape, value.dtype, sharding))
     return nnx.from_flat_state(flat)

@@ -151,8 +151,13 @@ class EpisodeRunner:
         Raises `EnvironmentFailure` (already recorded in `failures`) when the environment fails to open or grade."""
         async with self._slot_semaphore():
             self.episodes_started += 1
-            trajectory = await self._episode(task, episode_id)
+            try:
+                trajectory = await self._episode(task, episode_id)
+            except EnvironmentFailure as failed:
+                failed.trajectory.episode_id = episode_id
+                raise
             self.episodes_finished += 1
+            trajectory.episode_id = episode_id
             return trajectory
 
     def stats(self) -> dict:

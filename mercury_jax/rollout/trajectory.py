@@ -36,6 +36,7 @@ class Trajectory:
     # or grade); None when clean. Such trajectories are delivered for logging but not trained on:
     # `rollout.failures.trainable` drops them.
     env_failure: str | None = None
+    episode_id: int = -1  # the run's episode number (its request ids derive from it); -1 where nobody set it
 
     def __post_init__(self):
         n = len(self.tokens)

@@ -20,7 +20,9 @@ version (`Trajectory.policy_versions`; `Trajectory.policy_version` is the oldest
 `first_episode_id`) runs on request ids e * stride + k, so given the same tasks, seed and weights an episode's
 tokens do not depend on what else runs.
 
-An environment that fails to open or to grade costs its episode only: nothing is queued for it, the failure is in
+Tasks are numbered by episode id (`first_episode_id` on, or `(episode id, task)` pairs with `numbered=True`), and
+every queued trajectory carries its `episode_id`. An environment that fails to open or to grade costs its episode
+only: nothing is queued for it (with `queue_failures=True` its placeholder is, `env_failure` set), the failure is in
 `worker.failures` and `stats()["env_failures"]`, and the worker goes on. Trajectories a tool failure touched are
 queued with `env_failure` set; trainers drop them with `rollout.failures.trainable`.
 """
@@ -53,7 +55,8 @@ class RolloutWorker:
                  sampling: SamplingParams = SamplingParams(), queue_size: int = 1024,
                  out_queue: queue.Queue | None = None, devices=None, policy_version: int = 0,
                  first_episode_id: int = 0, copy_model: bool = True, make_engine=Engine, replicas=None,
-                 param_dtype=None, hbm_gib: float | None = None, **runner_options):
+                 param_dtype=None, hbm_gib: float | None = None, numbered: bool = False,
+                 queue_failures: bool = False, **runner_options):
         self.sharding = None
         max_length = max_length or budgets.max_total_tokens
         if replicas is not None:
@@ -80,8 +83,9 @@ class RolloutWorker:
                                     before_step=self._apply_published, **runner_options)
         self.queue: queue.Queue[Trajectory] = out_queue if out_queue is not None else queue.Queue(queue_size)
         self.num_slots = num_slots
-        self._tasks = iter(tasks)
-        self._next_episode = first_episode_id
+        # (episode id, task) pairs: numbered by the caller, or counted from `first_episode_id`
+        self._tasks = iter(tasks) if numbered else enumerate(tasks, start=first_episode_id)
+        self.queue_failures = queue_failures
         self._published = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -200,12 +204,12 @@ class RolloutWorker:
         try:
             while not self._stop.is_set():
                 while not exhausted and len(active) < self.num_slots:
-                    task = next(self._tasks, None)
-                    if task is None:
+                    numbered = next(self._tasks, None)
+                    if numbered is None:
                         exhausted = True
                         break
-                    active.add(asyncio.ensure_future(self._episode(task, self._next_episode)))
-                    self._next_episode += 1
+                    episode_id, task = numbered
+                    active.add(asyncio.ensure_future(self._episode(task, episode_id)))
                 self._in_flight = len(active)
                 if exhausted and not active:
                     break
@@ -228,8 +232,10 @@ class RolloutWorker:
     async def _episode(self, task: Mapping, episode_id: int) -> None:
         try:
             trajectory = await self.runner.run_episode(task, episode_id)
-        except EnvironmentFailure:  # recorded by the runner (failures, stats): no trajectory, the worker goes on
-            return
+        except EnvironmentFailure as failed:  # recorded by the runner (failures, stats); the worker goes on
+            if not self.queue_failures:
+                return
+            trajectory = failed.trajectory  # its placeholder: the batch assembly accounts for every episode
         while True:  # bounded queue: wait for room without blocking the event loop
             try:
                 self.queue.put_nowait(trajectory)

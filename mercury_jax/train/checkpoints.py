@@ -24,12 +24,15 @@ from __future__ import annotations
 import errno
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from mercury_jax.parallel.distributed import fetch, from_host, owning_processes
 from mercury_jax.train import preemption
 from mercury_jax.train.checkpoint_faults import (
     FIXES,
@@ -44,13 +47,31 @@ from mercury_jax.train.checkpoint_faults import (
 )
 from mercury_jax.train.rundir import RunDir
 
-__all__ = ["Checkpointer", "CheckpointRestoreError", "CheckpointSaveError"]
+__all__ = ["Checkpointer", "CheckpointRestoreError", "CheckpointSaveError", "arrays_processes"]
+
+
+def arrays_processes(arrays: Any) -> list[int] | None:
+    """The processes whose devices hold any of `arrays` (the same answer on every process: from the layouts alone);
+    None when `arrays` holds no device array (host values: every process has them)."""
+    owners = set().union(*(owning_processes(x) for x in jax.tree.leaves(arrays) if isinstance(x, jax.Array)))
+    return sorted(owners) if owners else None
 
 
 class Checkpointer:
-    def __init__(self, directory: str | os.PathLike, *, save_every: int, keep: int, async_save: bool = True):
+    """`processes`: the processes whose devices hold the checkpoint's arrays (`arrays_processes`; None: every
+    process). When that is not every process (the released `consecutive` layout: the learner's arrays live on the
+    learner hosts only), Orbax cannot take the arrays as they are: one that lies within one process is refused as
+    "host local" in a multi-process run, and its numpy writer writes from process 0 only. So such a checkpoint is
+    saved from host copies that every process receives (`distributed.fetch`) and written by process 0, and a restore
+    places the values back into the layout from every process (`distributed.from_host`). That costs a host copy of
+    the whole learner state on every process while it saves: right for a learner that fits a host's memory (the
+    tests' layouts), not for the released learner spread over many hosts."""
+
+    def __init__(self, directory: str | os.PathLike, *, save_every: int, keep: int, async_save: bool = True,
+                 processes: Sequence[int] | None = None):
         self.directory = RunDir(directory).root  # absolute when local (Orbax resolves nothing relative), or a URI
         self.save_every = save_every
+        self.host_copies = processes is not None and set(processes) != set(range(jax.process_count()))
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
                                                create=True)
         summarise_orbax_tracebacks()
@@ -75,6 +96,8 @@ class Checkpointer:
         if self._failure is not None:
             raise self._failure
         self._finish_in_flight()
+        if self.host_copies:
+            arrays = fetch(arrays)  # a collective: every process saves every step together
         try:
             self.manager.save(step, args=ocp.args.Composite(arrays=ocp.args.StandardSave(arrays),
                                                             meta=ocp.args.JsonSave(meta)))
@@ -86,6 +109,14 @@ class Checkpointer:
 
     def restore(self, step: int, abstract_arrays: Any) -> tuple[Any, dict]:
         """Arrays restored into the structure, dtypes and shardings of `abstract_arrays`, and the metadata."""
+        if self.host_copies:
+            target = jax.tree.map(lambda x: np.zeros((0,), x.dtype), abstract_arrays)  # numpy leaves, read whole
+            restored = self.manager.restore(step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(),
+                                                                          meta=ocp.args.JsonRestore()))
+            values = jax.tree.unflatten(jax.tree.structure(target), jax.tree.leaves(restored["arrays"]))
+            arrays = jax.tree.map(lambda value, x: from_host(np.asarray(value, x.dtype), x.sharding), values,
+                                  abstract_arrays)
+            return arrays, restored["meta"]
         target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_arrays)
         restored = self.manager.restore(step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(target),
                                                                       meta=ocp.args.JsonRestore()))

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from mercury_jax.parallel.distributed import is_primary
 from mercury_jax.train import preemption
-from mercury_jax.train.checkpoints import Checkpointer
+from mercury_jax.train.checkpoints import Checkpointer, arrays_processes
 from mercury_jax.train.guards import NonFiniteGuard
 from mercury_jax.train.metrics import MetricsLogger
 from mercury_jax.train.resume import read_jsonl, truncate_jsonl
@@ -73,7 +73,7 @@ def run_loop(algorithm: Algorithm, stage: StageDir, cadence: Cadence, *, train_c
     stage.make()
     name = algorithm.stage
     checkpointer = make_checkpointer(stage.checkpoints, save_every=cadence.checkpoint_every, keep=cadence.keep,
-                                     async_save=cadence.async_save)
+                                     async_save=cadence.async_save, processes=arrays_processes(algorithm.arrays()))
     start, version = 0, 0
     restored = checkpointer.restore_latest(algorithm.arrays())  # skips (and moves aside) damaged newer steps
     if restored is not None:
@@ -119,6 +119,7 @@ def run_loop(algorithm: Algorithm, stage: StageDir, cadence: Cadence, *, train_c
                 logger.log(step, metrics, progress_keys=algorithm.progress_keys)
             if evaluates and cadence.eval_every and step % cadence.eval_every == 0 and not last:
                 append_line(stage.evals, json.dumps({"step": step, **algorithm.evaluate(f"step {step}")}))
+            preemption.poll(step)  # several processes: the same step everywhere, whichever host got the signal
             if checkpointer.should_save(step, last=last):
                 checkpointer.save(step, algorithm.arrays(), _meta(algorithm, step, version, rollouts))
             preemption.exit_if_requested(step, name, checkpointer)
@@ -152,4 +153,8 @@ def _meta(algorithm: Algorithm, step: int, version: int, rollouts) -> dict:
 
 
 def _describe(meta: dict) -> str:
-    return ", ".join(f"{k} {v}" for k, v in meta.items() if k != "step") or "no data-order state"
+    def short(value):  # a section (the async batch state) by its scalars and the sizes of its lists
+        if not isinstance(value, dict):
+            return value
+        return "(" + ", ".join(f"{k} {len(v) if isinstance(v, (list, dict)) else v}" for k, v in value.items()) + ")"
+    return ", ".join(f"{k} {short(v)}" for k, v in meta.items() if k != "step") or "no data-order state"

@@ -8,16 +8,19 @@ requests). Without it, as follows.
 Sync mode: one `Engine` on the first rollout device; `run(tasks, first_episode_id)` samples a batch with the
 latest weights (episode e of the run is request block e with the run's seed, so a resumed run samples the same
 tokens). Async mode: a `RolloutWorker` over the rollout devices keeps generating from a `TaskStream` in the
-background (started at the first `collect`, so a resumed run starts from the restored stream); `collect` takes
-finished trajectories, dropping those more than `max_staleness` versions old. Either way `publish(model,
-version)` hands new weights over and `evaluator(seed)` gives a runner that samples held-out episodes on the
-shared engine with the latest weights (`sync_engine()` first; in async mode `evaluated()` after, which frees the
-shared engine's weights and state until the next evaluation, so the rollout devices hold one engine meanwhile).
+background (started at the first `collect`); `collect` takes finished trajectories, dropping those more than
+`max_staleness` versions old and environment failures, both counted (`train/async_batches.py`: on several processes
+each rollout host samples its own share and every process agrees on each batch; a resumed run first re-samples the
+episodes its checkpoint had not settled). Either way `publish(model, version)` hands new weights over and
+`evaluator(seed)` gives a runner that samples held-out episodes on the shared engine with the latest weights
+(`sync_engine()` first; in async mode `evaluated()` after, which frees the shared engine's weights and state until
+the next evaluation, so the rollout devices hold one engine meanwhile).
 
 Multi-process runs (docs/DESIGN.md "Multi-host") need replicas, each within one process: every process builds the
 `ReplicatedEngine` over all replica meshes and drives its own, the runners are `ShardedRunner`s (episode i on the
 process of replica i mod R; every process gets every trajectory), and `publish` is the collective publish every
-process calls together. Sync mode only so far: the async worker is per process and is refused there.
+process calls together. Async mode: every process builds the worker (the publish is collective); those with rollout
+replicas run it on their own, and `AsyncBatches` assembles each batch across the hosts.
 
 `Seams` are the parts a caller may replace (tests inject a scripted engine, a synthetic reward, a task list).
 """
@@ -37,6 +40,7 @@ from mercury_jax.rollout.replicas import ReplicatedEngine, slots_per_replica
 from mercury_jax.rollout.sharded_runner import ShardedRunner
 from mercury_jax.rollout.trajectory import Trajectory
 from mercury_jax.rollout.worker import RolloutWorker
+from mercury_jax.train.async_batches import AsyncBatches
 from mercury_jax.train.checkpoints import Checkpointer
 from mercury_jax.train.placement import device_copy
 from mercury_jax.train.streams import TaskStream
@@ -48,7 +52,7 @@ class Seams:
     make_engine: Callable = Engine             # (model, num_slots=, max_length=, policy_version=, ...) -> engine
     reward: Callable | None = None             # (task, trajectory, grade) -> (reward, parts): rollout/rewards.py
     tasks: Callable[[str], list] | None = None  # split ("train" / "eval") -> tasks, instead of config.world's
-    make_checkpointer: Callable = Checkpointer  # (directory, save_every=, keep=, async_save=) -> Checkpointer
+    make_checkpointer: Callable = Checkpointer  # (directory, save_every=, keep=, async_save=, processes=)
 
 
 class Rollouts:
@@ -69,9 +73,6 @@ class Rollouts:
             if self.replicas is None:
                 raise ValueError("a multi-process run samples on rollout replicas, each within one host; set "
                                  "rollout.replica (e.g. {'tensor': 4} on v5p, whose hosts have 4 chips)")
-            if mode != "sync":
-                raise ValueError("rollout.mode='async' runs on one process only for now (its worker would sample "
-                                 "on each host's own schedule); use rollout.mode='sync' on several processes")
         self.replica_owners = ([int(m.devices.flat[0].process_index) for m in self.replicas]
                                if self.replicas is not None else [])
         if self.replicas is None:
@@ -84,6 +85,8 @@ class Rollouts:
                                            param_dtype=param_dtype, make_engine=make_engine)
         self.runner = self.evaluator(sampling.seed)
         self.worker: RolloutWorker | None = None
+        self.batches: AsyncBatches | None = None  # async mode: the batch assembly (train/async_batches.py)
+        self._restored_meta: dict = {}
         self._latest = model  # the learner's model: the worker starts from it, evaluations sync the engine to it
 
     def evaluator(self, seed: int, budgets: Budgets | None = None, **overrides) -> EpisodeRunner:
@@ -99,7 +102,8 @@ class Rollouts:
 
     def collect(self, stream: TaskStream, n: int) -> tuple[list[Trajectory], int, int]:
         """(n or fewer trajectories to learn from, dropped as stale, dropped for an environment failure). Sync: the
-        next n tasks of `stream`, minus environment failures; async: waits for n trainable, fresh ones."""
+        next n tasks of `stream`, minus environment failures; async: waits for n trainable, fresh ones (every
+        process together, `AsyncBatches.collect`)."""
         if self.mode == "sync":
             first = stream.consumed
             kept, env_dropped = trainable(self.run(stream.take(n), first_episode_id=first))
@@ -107,29 +111,34 @@ class Rollouts:
                 raise RuntimeError(f"every one of the {n} episodes of this batch had an environment failure "
                                    f"(failures: {list(self.runner.failures)[-3:]}); check the MCP servers")
             return kept, 0, env_dropped
-        if self.worker is None:
+        if self.batches is None:
+            self.batches = AsyncBatches(stream, self.replica_owners, max_staleness=self.max_staleness)
+            self.batches.restore(self._restored_meta)
             replicated = self.replicas is not None
             self.worker = RolloutWorker(
                 self._latest if replicated else device_copy(self._latest, self.devices[0]), self.tokenizer,
-                stream.forever(), replicas=self.replicas, param_dtype=self.param_dtype,
-                num_slots=self.num_slots, max_length=self.budgets.max_total_tokens, budgets=self.budgets,
-                sampling=self.sampling, devices=self.devices, policy_version=self.version,
+                self.batches.tasks(), numbered=True, queue_failures=True, replicas=self.replicas,
+                param_dtype=self.param_dtype, num_slots=self.num_slots, max_length=self.budgets.max_total_tokens,
+                budgets=self.budgets, sampling=self.sampling, devices=self.devices, policy_version=self.version,
                 queue_size=self.queue_size,  # bounds how far rollouts run ahead of the learner
-                first_episode_id=stream.consumed, copy_model=False, make_engine=self.make_engine,
-                reward=self.reward, **self.runner_options)
-        if not self.worker.running:
-            self.worker.start()
+                copy_model=False, make_engine=self.make_engine, reward=self.reward, **self.runner_options)
+            self.batches.start(self.worker)
             self.engine.offload()  # the worker's engine samples now; the shared one is loaded per evaluation
-        kept, stale, env_dropped = [], 0, 0
-        while len(kept) < n:
-            trajectory = self.worker.get(timeout=3600)
-            if trajectory.env_failure is not None:
-                env_dropped += 1
-            elif self.version - trajectory.policy_version > self.max_staleness:
-                stale += 1
-            else:
-                kept.append(trajectory)
-        return kept, stale, env_dropped
+        return self.batches.collect(n, self.version)
+
+    def accounting(self) -> dict:
+        """Async mode: episodes handed out so far (over the run) and those not yet trained on or dropped."""
+        if self.batches is None:
+            return {}
+        return {"episodes_handed_out": self.batches.handed_out, "episodes_unsettled": len(self.batches.unsettled)}
+
+    def meta(self) -> dict:
+        """Async mode: the batch assembly's checkpointed state (which episodes are settled); nothing in sync mode."""
+        return self.batches.meta() if self.batches is not None else dict(self._restored_meta)
+
+    def restore(self, meta: dict) -> None:
+        """Async mode: taken up when the batch assembly starts (the first `collect`)."""
+        self._restored_meta = {k: v for k, v in meta.items() if k == "async_rollouts"}
 
     def publish(self, model: nnx.Module, version: int) -> None:
         """New weights: copied onto the rollout devices before this returns (the learner may donate its arrays)."""

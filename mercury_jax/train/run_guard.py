@@ -38,10 +38,6 @@ def run_guard(run: RunDir, argv: list[str], *, peer_timeout_s: float):
         print(f"peer watch: a process silent for {peer_timeout_s:.0f} s stops the run with a message; if process 0 "
               f"(it hosts JAX's coordination service) dies, JAX aborts the other processes at once instead. Either "
               f"way, resume on every host with: {resume_command(run, argv)}", file=sys.stderr, flush=True)
-    if watch is not None:  # the one loss the watch cannot report: JAX aborts the survivors at once, in its own words
-        print(f"peer watch: a process silent for {peer_timeout_s:.0f} s stops the run with a message; if process 0 "
-              f"(it hosts JAX's coordination service) dies, JAX aborts the other processes at once instead. Either "
-              f"way, resume on every host with: {resume_command(run, argv)}", file=sys.stderr, flush=True)
     try:
         yield
     except Preempted:

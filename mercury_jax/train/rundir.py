@@ -8,6 +8,7 @@
     WORKDIR/STAGE/STAGE_metrics.jsonl  one line per logged step; STAGE_curves.png its plot
     WORKDIR/STAGE/tensorboard/STAGE  TensorBoard scalars (local run directories only)
     WORKDIR/sao/evals.jsonl          held-out evaluations (eval_summary.json, sao_heldout.png)
+    WORKDIR/sao/batches.jsonl        each step's episode ids with their policy lag, and the episodes dropped
     WORKDIR/grpo/samples.jsonl       every continuation with its verdict; pivots.jsonl the pivot dataset;
                                      summary.json the first and last records
     WORKDIR/sweep/                   the checkpoint sweep's outcomes, table and plot
@@ -100,9 +101,9 @@ class RunDir:
 
     def write_config(self, config: ml_collections.ConfigDict) -> epath.Path:
         """The run's config as JSON (process 0 only): export and the sweep rebuild the run's model from it."""
-        if is_primary():
+        if is_primary():  # replaced whole: the other processes of a resumed run read it meanwhile (resume.py)
             self.make()
-            self.config.write_text(config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
+            write_atomically(self.config, config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
         return self.config
 
     def read_config(self) -> ml_collections.ConfigDict:
@@ -143,6 +144,7 @@ class StageDir:
         self.evals, self.eval_summary, self.heldout_plot = (path / "evals.jsonl", path / "eval_summary.json",
                                                             path / f"{name}_heldout.png")
         self.samples, self.pivots, self.summary = path / "samples.jsonl", path / "pivots.jsonl", path / "summary.json"
+        self.batches = path / "batches.jsonl"
 
     def make(self) -> StageDir:
         self.path.mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,7 @@ from mercury_jax.train.metrics import plot_evaluations
 from mercury_jax.train.packing import pack_batch, rows_used
 from mercury_jax.train.placement import batch_to_mesh, role_meshes, state_on_mesh, step_shardings
 from mercury_jax.train.rollouts import Rollouts, Seams
-from mercury_jax.train.rundir import RunDir, StageDir, write_text
+from mercury_jax.train.rundir import RunDir, StageDir, append_line, write_text
 from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step
 from mercury_jax.train.streams import TaskStream
 from mercury_jax.train.warm_start import starting_policy
@@ -66,6 +66,7 @@ class Sao:
 
     def __init__(self, config: ml_collections.ConfigDict, model, tokenizer, stage: StageDir, seams: Seams = Seams()):
         self.cfg, self.rcfg, self.tokenizer, self.stage_dir = config.sao, config.rollout, tokenizer, stage
+        self.logs = (stage.batches,)  # truncated to the checkpoint's step on a resume
         self.steps = self.cfg.steps
         self.meshes = role_meshes(config, ("rollout", "actor", "critic"))
         critic = Qwen35MoeCritic.from_policy(model, mesh=self.meshes["critic"])
@@ -94,12 +95,13 @@ class Sao:
         return {"actor": self.actor.arrays(), "critic": self.critic.arrays()}
 
     def meta(self) -> dict:
-        return {"tasks_consumed": self.stream.consumed}
+        return {"tasks_consumed": self.stream.consumed, **self.rollouts.meta()}
 
     def restore(self, arrays: dict, meta: dict) -> None:
         self.actor = self.actor.replace_arrays(arrays["actor"])
         self.critic = self.critic.replace_arrays(arrays["critic"])
         self.stream.consumed = meta["tasks_consumed"]
+        self.rollouts.restore(meta)
 
     def policy(self):
         return self.actor.model()
@@ -110,6 +112,9 @@ class Sao:
         trajectories, stale, env_dropped = self.rollouts.collect(self.stream, self.cfg.batch_prompts)
         rollout_s = time.perf_counter() - t0
         staleness = np.array([version - t.policy_version for t in trajectories])
+        append_line(self.stage_dir.batches, json.dumps({
+            "step": step, "version": version, "episode_ids": [t.episode_id for t in trajectories],
+            "policy_lag": staleness.tolist(), "dropped_stale": stale, "env_failures": env_dropped}))
         length = padded_length(trajectories, self.rcfg.max_total_tokens)
         host_batch = batch_trajectories(trajectories, length, pad_id=self.tokenizer.pad_id)
         lengths = host_batch.pop("lengths")
@@ -142,7 +147,7 @@ class Sao:
         metrics.update(staleness_mean=float(staleness.mean()), staleness_max=int(staleness.max()),
                        dropped_stale=stale, env_failures=env_dropped, tokens=sum(len(t.tokens) for t in trajectories),
                        rollout_s=rollout_s, learner_s=time.perf_counter() - t0 - rollout_s, batch_length=length,
-                       rows_used=rows_used(host_batch))
+                       rows_used=rows_used(host_batch), **self.rollouts.accounting())
         return StepResult(metrics, policy_updated=updated, applied=applied)
 
     # -- held-out evaluation --

@@ -53,12 +53,17 @@ class Sft:
     def policy(self):
         return self.state.model()
 
-    def batch(self, step: int) -> dict:
-        """The packed rows of step `step` (1-based)."""
+    def host_batch(self, step: int) -> dict:
+        """The packed rows of step `step` (1-based), as host arrays."""
         rows = batch_rows(len(self.packed["tokens"]), self.cfg.batch_rows, step - 1, self.seed)
+        return {k: v[rows] for k, v in self.packed.items()}
+
+    def batch(self, step: int) -> dict:
+        """The packed rows of step `step` (1-based), on the learner's mesh (or device)."""
+        rows = self.host_batch(step)
         if self.mesh is not None:
-            return batch_to_mesh({k: v[rows] for k, v in self.packed.items()}, self.mesh)
-        return {k: jnp.asarray(v[rows]) for k, v in self.packed.items()}
+            return batch_to_mesh(rows, self.mesh)
+        return {k: jnp.asarray(v) for k, v in rows.items()}
 
     def step(self, step: int, *, version: int, guard) -> StepResult:
         batch = self.batch(step)
@@ -66,7 +71,9 @@ class Sft:
         state.params, state.opt_state, metrics = self.update(state.params, state.frozen, state.opt_state, batch)
         metrics = fetch(metrics)
         applied = guard.check(step, metrics)  # raises before this step can be logged or saved
-        return StepResult({**metrics, "tokens": float(np.sum(batch["segment_ids"] > 0))}, applied=applied)
+        # counted on the host: a process that holds none of the learner's devices cannot read the placed batch
+        tokens = float(np.sum(self.host_batch(step)["segment_ids"] > 0))
+        return StepResult({**metrics, "tokens": tokens}, applied=applied)
 
 
 def run_sft(cfg: ml_collections.ConfigDict, model, sequences: list[tuple[list[int], list[int]]],

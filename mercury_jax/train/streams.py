@@ -24,12 +24,14 @@ class TaskStream:
             raise ValueError("a TaskStream needs at least one item")
         self.items, self.seed, self.consumed = items, seed, consumed
 
+    def at(self, position: int):
+        """The item at `position` of the endless order (what `take` hands out as the position-th item)."""
+        epoch, index = divmod(position, len(self.items))
+        return self.items[epoch_order(len(self.items), self.seed, epoch)[index]]
+
     def take(self, n: int) -> list:
-        out = []
-        for _ in range(n):
-            epoch, index = divmod(self.consumed, len(self.items))
-            out.append(self.items[epoch_order(len(self.items), self.seed, epoch)[index]])
-            self.consumed += 1
+        out = [self.at(position) for position in range(self.consumed, self.consumed + n)]
+        self.consumed += n
         return out
 
     def forever(self):

@@ -1,0 +1,68 @@
+"""Async SAO across hosts (train/async_batches.py): 2 and 3 processes on this machine, the released `consecutive`
+layout and the `per_process` one, each run preempted on one process, resumed, killed and resumed again; the
+accounting of every episode across the whole run. The launch helpers are tests/test_multihost_train.py's."""
+from __future__ import annotations
+
+import re
+import signal
+
+import pytest
+
+from tests.test_multihost_train import _committed, _kill, _launch, _records, _wait
+
+# name: (processes, devices a process, overrides); the released layout on 2 and 3 hosts, and every group on every host
+ASYNC_LAYOUTS = {
+    "consecutive-2": (2, 4, ("--config.device_layout=consecutive",)),
+    "per_process-2": (2, 4, ()),
+    "consecutive-3": (3, 4, ("--config.device_layout=consecutive", "--config.devices.actor=4",
+                             "--config.devices.critic=4")),
+}
+ASYNC_STEPS = 7
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(ASYNC_LAYOUTS))
+def test_async_sao_preempted_killed_and_resumed_settles_every_episode_once(tmp_path, layout):
+    """Async SAO across hosts: a SIGTERM to one process (every process saves the same step, exit 143), a resume, a
+    SIGKILL of every process once a later checkpoint is committed, a resume to the end. Across the whole run every
+    trained episode id is unique, every episode handed out is trained on or counted as dropped (or still unsettled
+    at the end), every trained trajectory's policy lag is within `max_staleness`, and the version rises by one a
+    step once the critic-only steps are over."""
+    processes, devices, overrides = ASYNC_LAYOUTS[layout]
+    overrides = (*overrides, "--config.rollout.mode=async", f"--config.sao.steps={ASYNC_STEPS}",
+                 "--config.checkpoint.every=2")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    run = tmp_path / layout
+    launch = lambda: _launch("sao", run, logs, processes, devices=devices, overrides=overrides)  # noqa: E731
+    metrics = run / "sao" / "sao_metrics.jsonl"
+
+    procs = launch()
+    assert not _wait(procs, logs, until=lambda: metrics.exists() and len(_records(metrics)) >= 2)
+    procs[-1].send_signal(signal.SIGTERM)  # one process only
+    assert _wait(procs, logs, expect=143)
+    saved = {re.search(r"\[sao\] SIGTERM received: checkpoint of step (\d+)", (logs / f"{layout}-p{r}.log")
+                       .read_text()).group(1) for r in range(processes)}
+    assert len(saved) == 1, saved
+    preempted = int(saved.pop())
+
+    procs = launch()
+    later = preempted + 2 - preempted % 2
+    assert later < ASYNC_STEPS
+    assert not _wait(procs, logs, until=_committed(run / "sao" / "checkpoints", later))
+    _kill(procs)
+    assert _wait(launch(), logs)
+
+    log0 = (logs / f"{layout}-p0.log").read_text()
+    assert f"resumed from step {preempted}" in log0 and f"resumed from step {later}" in log0
+    batches, records = _records(run / "sao" / "batches.jsonl"), _records(metrics)
+    assert [b["step"] for b in batches] == [r["step"] for r in records] == list(range(1, ASYNC_STEPS + 1))
+    trained = [e for b in batches for e in b["episode_ids"]]
+    assert len(trained) == len(set(trained)) and min(trained) >= 0
+    max_staleness = 1  # the tiny config's sao.max_staleness
+    assert all(0 <= lag <= max_staleness for b in batches for lag in b["policy_lag"])
+    critic_only = 1
+    assert [r["policy_version"] for r in records] == [max(0, s - critic_only) for s in range(1, ASYNC_STEPS + 1)]
+    dropped = sum(b["dropped_stale"] + b["env_failures"] for b in batches)
+    last = records[-1]
+    assert len(trained) + dropped + last["episodes_unsettled"] == last["episodes_handed_out"]
