@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from tolerances import METRIC_C, rounding
 
 from mercury_jax.rl import aggregation, losses
 
@@ -313,7 +314,9 @@ def test_jit_and_sharded_batch_match():
     jitted = jax.jit(all_losses)
     rows = NamedSharding(Mesh(np.array(jax.devices()), ("data",)), P("data", None))
     sharded = jitted(*(jax.device_put(x, rows) for x in (logp, rollout_logp, adv, mask)))
-    # Cross-device sums may add in another order: agree to fp32 rounding, not bitwise.
-    jax.tree.map(lambda e, j, s: (np.testing.assert_allclose(e, j, rtol=1e-6, atol=1e-7),
-                                  np.testing.assert_allclose(e, s, rtol=1e-6, atol=1e-7)),
+    # Cross-device sums may add in another order: agree to fp32 rounding (tests/tolerances.py: sums over the 512
+    # tokens), not bitwise. explained_variance, a ratio of variances, reached 0.45 of rtol 1e-6 on an AVX-512 host.
+    rtol = METRIC_C * rounding(mask.size)
+    jax.tree.map(lambda e, j, s: (np.testing.assert_allclose(e, j, rtol=rtol, atol=1e-7),
+                                  np.testing.assert_allclose(e, s, rtol=rtol, atol=1e-7)),
                  eager, jitted(logp, rollout_logp, adv, mask), sharded)
