@@ -19,7 +19,7 @@ class StandInWorker:
     """What AsyncBatches reads of a RolloutWorker: its queue, whether it runs, its error."""
 
     def __init__(self):
-        self.queue, self.running = queue.Queue(), False
+        self.queue, self.running, self.error = queue.Queue(), False, None
 
     def start(self):
         self.running = True
@@ -97,4 +97,17 @@ def test_no_batch_when_every_worker_has_ended():
     batches = AsyncBatches(TaskStream(TASKS, seed=0), owners=[0], max_staleness=1, poll_s=0.0)
     batches.start(None)
     with pytest.raises(RuntimeError, match="every rollout worker has ended with 0 of 2"):
+        batches.collect(2, version=0)
+
+
+def test_a_failed_worker_ends_the_collect_with_its_error():
+    batches = AsyncBatches(TaskStream(TASKS, seed=0), owners=[0], max_staleness=1, poll_s=0.0)
+    worker = StandInWorker()
+    batches.start(worker)
+    worker.error = ConnectionError("the MCP host went away")
+
+    def raise_if_failed():
+        raise RuntimeError(f"rollout worker failed: {worker.error!r}")
+    worker.raise_if_failed = raise_if_failed
+    with pytest.raises(RuntimeError, match="rollout worker failed: ConnectionError"):
         batches.collect(2, version=0)

@@ -89,9 +89,12 @@ class AsyncBatches:
         started = time.monotonic()
         while True:
             finished = self._drain(n)
-            local = (finished, self.local_next, self._worker_alive(), time.monotonic() - started > self.timeout_s)
+            failure = None if self.worker is None or self.worker.error is None else repr(self.worker.error)
+            local = (finished, self.local_next, self._worker_alive(), time.monotonic() - started > self.timeout_s,
+                     failure)
             gathered = all_gather_objects(local)
-            for process, (trajectories, position, _, _) in enumerate(gathered):
+            self._raise_if_a_worker_failed([g[4] for g in gathered])
+            for process, (trajectories, position, *_) in enumerate(gathered):
                 self._handed(process, position)
                 for trajectory in trajectories:
                     self.pool[trajectory.episode_id] = trajectory
@@ -109,11 +112,11 @@ class AsyncBatches:
                 self.unsettled.discard(episode)
             if len(kept) == n:
                 break
-            if not any(alive for _, _, alive, _ in gathered):
+            if not any(alive for _, _, alive, _, _ in gathered):
                 self._raise_worker_error()
                 raise RuntimeError(f"every rollout worker has ended with {len(kept)} of {n} trajectories for this "
                                    f"batch (tasks exhausted or stopped)")
-            if any(late for _, _, _, late in gathered):
+            if any(late for _, _, _, late, _ in gathered):
                 raise TimeoutError(f"no batch of {n} trajectories within {self.timeout_s:.0f} s ({len(kept)} so far)")
             time.sleep(self.poll_s)
         self.snapshot = self._state()
@@ -168,3 +171,12 @@ class AsyncBatches:
     def _raise_worker_error(self) -> None:
         if self.worker is not None:
             self.worker.raise_if_failed()
+
+    def _raise_if_a_worker_failed(self, failures: list[str | None]) -> None:
+        """A rollout worker that died on any process ends the run on every process (else its share would go
+        unsampled while the others carry on): its own process re-raises its error, the others name it."""
+        if not any(failures):
+            return
+        self._raise_worker_error()
+        process = next(p for p, failure in enumerate(failures) if failure)
+        raise RuntimeError(f"the rollout worker of process {process} failed: {failures[process]}")
