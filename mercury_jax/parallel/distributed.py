@@ -93,7 +93,7 @@ def from_host(value, sharding) -> jax.Array:
     """A host value (the same on every process) as an array of `sharding`, each process placing its own shards: works
     for any layout, where a `device_put` onto a mesh spanning processes is refused (a jax array) or can build a
     broken array (jax 0.10, a one-device array onto a mesh with one device a process)."""
-    value = np.asarray(value)  # the dtype is passed: a process holding none of the devices calls the callback never
+    value = np.asarray(value)  # the dtype is passed: a process holding none of the devices has no shard to tell it
     return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index], dtype=value.dtype)
 
 

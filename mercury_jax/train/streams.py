@@ -34,11 +34,6 @@ class TaskStream:
         self.consumed += n
         return out
 
-    def forever(self):
-        """One item at a time, without end (the async rollout worker's task source)."""
-        while True:
-            yield self.take(1)[0]
-
 
 def batch_rows(num_rows: int, rows_per_batch: int, step: int, seed: int) -> np.ndarray:
     """Row indices of batch `step` (0-based) of a fixed table: epochs of whole batches in `epoch_order`; a table
