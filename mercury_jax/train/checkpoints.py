@@ -110,10 +110,9 @@ class Checkpointer:
     def restore(self, step: int, abstract_arrays: Any) -> tuple[Any, dict]:
         """Arrays restored into the structure, dtypes and shardings of `abstract_arrays`, and the metadata."""
         if self.host_copies:
-            target = jax.tree.map(lambda x: np.zeros((0,), x.dtype), abstract_arrays)  # numpy leaves, read whole
             restored = self.manager.restore(step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(),
                                                                           meta=ocp.args.JsonRestore()))
-            values = jax.tree.unflatten(jax.tree.structure(target), jax.tree.leaves(restored["arrays"]))
+            values = jax.tree.unflatten(jax.tree.structure(abstract_arrays), jax.tree.leaves(restored["arrays"]))
             arrays = jax.tree.map(lambda value, x: from_host(np.asarray(value, x.dtype), x.sharding), values,
                                   abstract_arrays)
             return arrays, restored["meta"]

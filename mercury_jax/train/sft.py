@@ -53,9 +53,13 @@ class Sft:
     def policy(self):
         return self.state.model()
 
+    def rows(self, step: int):
+        """The packed-row indices of step `step` (1-based)."""
+        return batch_rows(len(self.packed["tokens"]), self.cfg.batch_rows, step - 1, self.seed)
+
     def host_batch(self, step: int) -> dict:
         """The packed rows of step `step` (1-based), as host arrays."""
-        rows = batch_rows(len(self.packed["tokens"]), self.cfg.batch_rows, step - 1, self.seed)
+        rows = self.rows(step)
         return {k: v[rows] for k, v in self.packed.items()}
 
     def batch(self, step: int) -> dict:
@@ -72,7 +76,7 @@ class Sft:
         metrics = fetch(metrics)
         applied = guard.check(step, metrics)  # raises before this step can be logged or saved
         # counted on the host: a process that holds none of the learner's devices cannot read the placed batch
-        tokens = float(np.sum(self.host_batch(step)["segment_ids"] > 0))
+        tokens = float(np.sum(self.packed["segment_ids"][self.rows(step)] > 0))
         return StepResult({**metrics, "tokens": tokens}, applied=applied)
 
 
