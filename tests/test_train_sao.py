@@ -42,7 +42,7 @@ pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")  # tests/co
 
 REPO = Path(__file__).resolve().parents[1]
 TOTAL_STEPS, KILLED_AT, CRITIC_ONLY = 3, 2, 1
-TIMING_KEYS = ("tokens_per_s", "rollout_s", "learner_s", "step_time_s")
+TIMING_KEYS = ("tokens_per_s", "rollout_s", "learner_s", "step_time_s", "rollout_busy_s")
 
 
 def tiny_sao_config(steps: int):
@@ -125,6 +125,10 @@ def test_sao_steps_on_device_groups_finite_losses_and_publishes_weights(full_run
         for key in ("value_loss", "critic_grad_norm", "explained_variance", "reward"):
             assert math.isfinite(record[key]), (record["step"], key)
         assert record["staleness_max"] == 0  # sync rollouts: every batch sampled by the latest weights
+        # the rollout engine's use within the step (sync: it samples while the learner waits, then idles)
+        assert 0 < record["rollout_busy_s"] <= record["rollout_s"] <= record["step_time_s"]
+        assert 0 < record["slot_occupancy"] <= 1
+        assert record["response_length_min"] <= record["response_length"] <= record["response_length_max"]
     assert history[0]["value_loss"] > 0 and history[0]["critic_grad_norm"] > 0  # synthetic reward: real signal
     # step 1 scores with the critic's zero value head: V = 0, so the residual G - V is G itself (explained variance
     # 1 - Var(G) / Var(G) = 0) and the mean value is 0

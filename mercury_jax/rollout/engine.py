@@ -243,7 +243,8 @@ class Engine:
     def stats(self) -> dict:
         """Slot occupancy (busy slot-steps / all slot-steps of decode) and generated tokens per second."""
         slot_steps = self._decode_steps * self.num_slots
-        return {"decode_steps": self._decode_steps, "generated_tokens": self._generated,
+        return {"decode_steps": self._decode_steps, "slot_steps": slot_steps, "busy_slot_steps": self._busy_slot_steps,
+                "generated_tokens": self._generated,
                 "prefill_tokens": self._prefill_tokens, "seconds": self._seconds,
                 "slot_occupancy": self._busy_slot_steps / slot_steps if slot_steps else 0.0,
                 "tokens_per_second": self._generated / self._seconds if self._seconds else 0.0}

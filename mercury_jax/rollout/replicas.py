@@ -26,6 +26,7 @@ sampling. Every token records the version that sampled it.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 import jax
@@ -69,6 +70,7 @@ class ReplicatedEngine:
         for engine in self.engines:
             engine.results = self.results  # one result dict: ids are unique across replicas
         self.num_slots, self.max_length = num_slots * len(self.engines), max_length
+        self._seconds = 0.0  # wall time in `step`: the replicas decode at once, so theirs overlap
         self.slots_per_replica = num_slots
         self._replica_of: dict[int, int] = {}  # request id -> replica, while it is queued, running or kept
 
@@ -150,19 +152,24 @@ class ReplicatedEngine:
 
     def step(self) -> bool:
         """Every replica admits and starts its decode chunk, then every replica collects its chunk."""
+        start = time.perf_counter()
         pending = [engine.dispatch_step() for engine in self.engines]
-        return any([engine.collect_step(p) for engine, p in zip(self.engines, pending)])
+        more = any([engine.collect_step(p) for engine, p in zip(self.engines, pending)])
+        self._seconds += time.perf_counter() - start
+        return more
 
     def stats(self) -> dict:
         per_replica = [engine.stats() for engine in self.engines]
         if not per_replica:
-            return {"decode_steps": 0, "generated_tokens": 0, "prefill_tokens": 0, "seconds": 0.0,
+            return {"decode_steps": 0, "slot_steps": 0, "busy_slot_steps": 0, "generated_tokens": 0,
+                    "prefill_tokens": 0, "seconds": 0.0,
                     "slot_occupancy": 0.0, "tokens_per_second": 0.0, "replicas": 0}
-        seconds = max(s["seconds"] for s in per_replica)
+        seconds = self._seconds
         generated = sum(s["generated_tokens"] for s in per_replica)
-        slot_steps = sum(s["decode_steps"] for s in per_replica) * self.slots_per_replica
-        busy = sum(s["slot_occupancy"] * s["decode_steps"] * self.slots_per_replica for s in per_replica)
-        return {"decode_steps": max(s["decode_steps"] for s in per_replica), "generated_tokens": generated,
+        slot_steps = sum(s["slot_steps"] for s in per_replica)
+        busy = sum(s["busy_slot_steps"] for s in per_replica)
+        return {"decode_steps": max(s["decode_steps"] for s in per_replica), "slot_steps": slot_steps,
+                "busy_slot_steps": busy, "generated_tokens": generated,
                 "prefill_tokens": sum(s["prefill_tokens"] for s in per_replica), "seconds": seconds,
                 "slot_occupancy": busy / slot_steps if slot_steps else 0.0,
                 "tokens_per_second": generated / seconds if seconds else 0.0, "replicas": len(self.engines)}

@@ -87,6 +87,7 @@ class Rollouts:
         self.worker: RolloutWorker | None = None
         self.batches: AsyncBatches | None = None  # async mode: the batch assembly (train/async_batches.py)
         self._restored_meta: dict = {}
+        self._usage_mark: tuple | None = None
         self._latest = model  # the learner's model: the worker starts from it, evaluations sync the engine to it
 
     def evaluator(self, seed: int, budgets: Budgets | None = None, **overrides) -> EpisodeRunner:
@@ -131,6 +132,31 @@ class Rollouts:
         if self.batches is None:
             return {}
         return {"episodes_handed_out": self.batches.handed_out, "episodes_unsettled": len(self.batches.unsettled)}
+
+    def mark_usage(self) -> None:
+        """Start a reading of the rollout engine's use (`usage`), e.g. at the start of a learner step."""
+        self._usage_mark = self._usage_reading()
+
+    def usage(self) -> dict:
+        """This process's rollout engine since `mark_usage`: `rollout_busy_s`, the seconds it spent in decode chunks
+        and prefills (the rest of the interval it idled), and `slot_occupancy`, busy slot-steps / all slot-steps of
+        its decode chunks (a slot idles when its episode ended or waits on a tool). In async mode the worker's engine,
+        which samples throughout."""
+        reading = self._usage_reading()
+        if reading is None:
+            return {}
+        engine, seconds, busy, slot_steps = reading
+        if self._usage_mark is not None and self._usage_mark[0] is engine:  # else the worker started meanwhile
+            seconds, busy, slot_steps = (seconds - self._usage_mark[1], busy - self._usage_mark[2],
+                                         slot_steps - self._usage_mark[3])
+        return {"rollout_busy_s": seconds, "slot_occupancy": busy / slot_steps if slot_steps else 0.0}
+
+    def _usage_reading(self) -> tuple:
+        engine = self.worker.engine if self.worker is not None else self.engine
+        if not hasattr(engine, "stats"):  # an injected engine (Seams.make_engine) need not count
+            return None
+        stats = engine.stats()
+        return engine, stats["seconds"], stats["busy_slot_steps"], stats["slot_steps"]
 
     def meta(self) -> dict:
         """Async mode: the batch assembly's checkpointed state (which episodes are settled); nothing in sync mode."""

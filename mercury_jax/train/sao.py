@@ -109,6 +109,7 @@ class Sao:
     # -- one step --
     def step(self, step: int, *, version: int, guard) -> StepResult:
         t0 = time.perf_counter()
+        self.rollouts.mark_usage()
         trajectories, stale, env_dropped = self.rollouts.collect(self.stream, self.cfg.batch_prompts)
         rollout_s = time.perf_counter() - t0
         staleness = np.array([version - t.policy_version for t in trajectories])
@@ -147,7 +148,8 @@ class Sao:
         metrics.update(staleness_mean=float(staleness.mean()), staleness_max=int(staleness.max()),
                        dropped_stale=stale, env_failures=env_dropped, tokens=sum(len(t.tokens) for t in trajectories),
                        rollout_s=rollout_s, learner_s=time.perf_counter() - t0 - rollout_s, batch_length=length,
-                       rows_used=rows_used(host_batch), **self.rollouts.accounting())
+                       rows_used=rows_used(host_batch), **self.rollouts.accounting(), **self.rollouts.usage(),
+                       **length_spread(trajectories))
         return StepResult(metrics, policy_updated=updated, applied=applied)
 
     # -- held-out evaluation --
@@ -173,6 +175,12 @@ class Sao:
             plot_evaluations(evaluations, self.stage_dir.heldout_plot,
                              title=f"SAO held-out evaluations ({len(self.eval_tasks)} tasks, the same seeds each "
                                    f"time)")
+
+
+def length_spread(trajectories: list[Trajectory]) -> dict:
+    """The batch's spread of episode lengths (action tokens): a sync batch waits for its longest episode."""
+    lengths = np.array([t.num_action_tokens for t in trajectories])
+    return {"response_length_min": int(lengths.min()), "response_length_max": int(lengths.max())}
 
 
 def trajectory_metrics(trajectories: list[Trajectory]) -> dict:
