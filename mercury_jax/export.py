@@ -72,7 +72,8 @@ def checkpoint_steps(checkpoint_dir: str | Path) -> list[int]:
     checkpoint_dir = Path(checkpoint_dir)
     if not checkpoint_dir.is_dir():
         return []
-    return sorted(int(p.name) for p in checkpoint_dir.iterdir() if p.name.isdigit() and (p / "arrays").is_dir())
+    return sorted(int(p.name) for p in checkpoint_dir.iterdir()
+                  if p.name.isdigit() and any(q.name == "arrays" or q.name.startswith("arrays_") for q in p.iterdir()))
 
 
 def run_tokenizer_file(config: ml_collections.ConfigDict, workdir: str | Path) -> Path | None:
@@ -197,11 +198,17 @@ def restore_policy(workdir: str | Path, *, step: int | None = None, stage: str |
     model = abstract_policy(config, workdir)
     graphdef, abstract_state = nnx.split(model)
     flat = nnx.to_flat_state(abstract_state)
-    arrays_dir = checkpoint_dir / str(step) / "arrays"
+    step_dir = checkpoint_dir / str(step)
+    arrays_dir = step_dir / "arrays"
     by_path = {}
     try:
         for keys in POLICY_ARRAYS[stage]:
-            by_path.update(read_checkpoint_arrays(arrays_dir, keys))
+            role_item = step_dir / f"arrays_{keys[0]}"  # a role saved as its own item (train/checkpoint_roles.py)
+            if role_item.is_dir():
+                arrays_dir = role_item
+                by_path.update(read_checkpoint_arrays(role_item, keys[1:]))
+            else:
+                by_path.update(read_checkpoint_arrays(arrays_dir, keys))
     except ExportError as error:
         older = [s for s in steps if s < step]
         fix = (f"export an older step with --step {older[-1]} (available steps: {steps})" if older else

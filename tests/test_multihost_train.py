@@ -58,8 +58,10 @@ def _records(path: Path) -> list[dict]:
 
 
 def _deterministic(record: dict) -> dict:
-    """A metrics record without its wall-clock figures (seconds, rates per second)."""
-    return {k: v for k, v in record.items() if not (k.endswith("_s") or k.endswith("per_s") or "seconds" in k)}
+    """A metrics record without its wall-clock figures (seconds, rates per second) and the slot occupancy (process
+    0's rollout replicas: in a 2-process run half of them)."""
+    return {k: v for k, v in record.items()
+            if not (k.endswith("_s") or k.endswith("per_s") or "seconds" in k or k == "slot_occupancy")}
 
 
 def _committed(checkpoints: Path, step: int):

@@ -7,11 +7,13 @@ Both use `mercury_jax/bench/async_sao_config.py` (the tiny SAO demo over 8 devic
 actor 2, critic 2) and write their section of BENCHMARKS.md (`--no-write`: print only).
 
 learning: the whole demo (SFT warm start, `--steps` SAO steps, held-out evaluations of the same 128 tasks with the
-same sampling seeds) as 1 process of 8 devices and as 2 processes of 4 in the `consecutive` layout (rollout on process
-0, actor and critic on process 1), one after the other (`--together`: both at once, when their wall times do not
-matter). Each run's final held-out reward is compared with its own warm start and the 2-process run's with the
-1-process run's, task by task (`evaluation.stats.paired_difference`): async sampling depends on timing, so the two
-runs are two draws of the same training, and the question is whether their difference is within the noise.
+same sampling seeds) as 1 process of 8 devices, then as 2 processes of 4 in the `consecutive` layout (rollout on
+process 0, actor and critic on process 1) from the first run's warm start (copied: the same weights; an SFT on
+another number of devices per process rounds differently and ends elsewhere); `--together` starts the second run as
+soon as the warm start exists, when the wall times do not matter. Each run's final held-out reward is compared with
+its own warm start and the 2-process run's with the 1-process run's, task by task
+(`evaluation.stats.paired_difference`): async sampling depends on timing, so the two runs are two draws of the same
+training, and the question is whether their difference is within the noise.
 
 timing: `--steps` SAO steps in sync mode, then in async mode, each from the warm start of a `learning` run (its
 `sft` stage copied in; without one, a run of its own), on one process. Per step: the wall time; the learner's idle
@@ -71,21 +73,33 @@ def _accounting(workdir: Path) -> dict:
 
 def learning(args) -> str:
     root = Path(args.root)
+    if not args.report:
+        for name in LEARNING_RUNS:
+            shutil.rmtree(root / _slug(name), ignore_errors=True)
     overrides = [f"--config.sao.steps={args.steps}"]
     names = list(LEARNING_RUNS)
     walls = {}
     if args.report:
         walls = {name: _wall_from_logs(root / _slug(name)) for name in names}
-    elif args.together:
-        procs = {name: _start("async", root / _slug(name), root / "logs", *LEARNING_RUNS[name], overrides)
-                 for name in names}
-        start = time.perf_counter()
-        for name in names:
-            local_processes.wait(procs[name], logs=root / "logs", timeout_s=RUN_TIMEOUT_S)
-            walls[name] = time.perf_counter() - start
     else:
-        for name in names:
-            walls[name] = _run("async", root / _slug(name), root / "logs", *LEARNING_RUNS[name], overrides)
+        first, second = names
+        start = time.perf_counter()
+        procs = _start("async", root / _slug(first), root / "logs", *LEARNING_RUNS[first], overrides)
+        if not args.together:
+            local_processes.wait(procs, logs=root / "logs", timeout_s=RUN_TIMEOUT_S)
+            walls[first] = time.perf_counter() - start
+        # the second run starts from the first one's warm start: an SFT stage run on a process with another number of
+        # devices rounds differently, and 200 steps at lr 1e-3 amplify that into a different policy
+        local_processes.wait(procs, logs=root / "logs", timeout_s=RUN_TIMEOUT_S,
+                             until=lambda: (root / _slug(first) / "sao").exists())  # the SFT stage is closed
+        _copy_warm_start(root / _slug(first), root / _slug(second))
+        start_second = time.perf_counter()
+        local_processes.wait(_start("async", root / _slug(second), root / "logs", *LEARNING_RUNS[second], overrides),
+                             logs=root / "logs", timeout_s=RUN_TIMEOUT_S)
+        walls[second] = time.perf_counter() - start_second
+        if first not in walls:
+            local_processes.wait(procs, logs=root / "logs", timeout_s=RUN_TIMEOUT_S)
+            walls[first] = time.perf_counter() - start
 
     rows, evals = [], {}
     for name in names:
@@ -184,13 +198,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=("learning", "timing"))
     parser.add_argument("--root", default="/tmp/async_sao", help="the runs' workdirs and logs")
-    parser.add_argument("--steps", type=int, default=0, help="SAO steps (default: learning 80, the demo's; timing 16)")
+    parser.add_argument("--steps", type=int, default=0,
+                        help="SAO steps (default: learning 20, the demo's first evaluation; timing 16)")
     parser.add_argument("--skip", type=int, default=2, help="timing: first steps left out (compilation)")
     parser.add_argument("--together", action="store_true", help="learning: both runs at once")
     parser.add_argument("--report", action="store_true", help="run nothing: report the runs already in --root")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
-    args.steps = args.steps or (80 if args.what == "learning" else 16)
+    args.steps = args.steps or (20 if args.what == "learning" else 16)
     body = learning(args) if args.what == "learning" else timing(args)
     if not args.no_write:
         title = ("Async SAO across hosts: the tiny demo on 1 and 2 processes" if args.what == "learning" else

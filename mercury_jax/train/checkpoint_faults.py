@@ -48,16 +48,19 @@ def unreadable_reason(step_dir: epath.Path) -> str | None:
         return "it is not a directory"
     if not any(True for _ in step_dir.iterdir()):
         return "the directory is empty (a save that never wrote anything)"
-    arrays_metadata = step_dir / "arrays" / "_METADATA"
-    if not arrays_metadata.exists():
-        return "arrays/_METADATA is missing (the array store was never committed or was damaged)"
-    try:
-        store = json.loads(arrays_metadata.read_text())
-    except (ValueError, OSError) as error:
-        return f"arrays/_METADATA is unreadable ({type(error).__name__}: {error})"
-    uses_ocdbt = not isinstance(store, dict) or store.get("use_ocdbt", True)
-    if uses_ocdbt and not (step_dir / "arrays" / "manifest.ocdbt").exists():
-        return "arrays/manifest.ocdbt is missing (the index of the array store)"
+    # one `arrays` item, or one `arrays_<role>` item a role (checkpoint_roles.py)
+    items = sorted(p.name for p in step_dir.iterdir() if p.name == "arrays" or p.name.startswith("arrays_"))
+    for item in items or ["arrays"]:
+        arrays_metadata = step_dir / item / "_METADATA"
+        if not arrays_metadata.exists():
+            return f"{item}/_METADATA is missing (the array store was never committed or was damaged)"
+        try:
+            store = json.loads(arrays_metadata.read_text())
+        except (ValueError, OSError) as error:
+            return f"{item}/_METADATA is unreadable ({type(error).__name__}: {error})"
+        uses_ocdbt = not isinstance(store, dict) or store.get("use_ocdbt", True)
+        if uses_ocdbt and not (step_dir / item / "manifest.ocdbt").exists():
+            return f"{item}/manifest.ocdbt is missing (the index of the array store)"
     meta = step_dir / "meta" / "metadata"
     if not meta.exists():
         return "meta/metadata is missing"

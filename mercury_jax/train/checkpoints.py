@@ -24,7 +24,6 @@ from __future__ import annotations
 import errno
 import os
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -32,7 +31,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from mercury_jax.parallel.distributed import fetch, from_host, owning_processes
+from mercury_jax.parallel.distributed import fetch, from_host
 from mercury_jax.train import preemption
 from mercury_jax.train.checkpoint_faults import (
     FIXES,
@@ -45,37 +44,43 @@ from mercury_jax.train.checkpoint_faults import (
     summarise_orbax_tracebacks,
     unreadable_reason,
 )
+from mercury_jax.train.checkpoint_roles import (
+    ROLE_ITEM_PREFIX,
+    CheckpointLayout,
+    checkpoint_layout,
+    restore_args,
+    restored_arrays,
+    role_item_handler,
+    save_args,
+)
 from mercury_jax.train.rundir import RunDir
 
-__all__ = ["Checkpointer", "CheckpointRestoreError", "CheckpointSaveError", "arrays_processes"]
-
-
-def arrays_processes(arrays: Any) -> list[int] | None:
-    """The processes whose devices hold any of `arrays` (the same answer on every process: from the layouts alone);
-    None when `arrays` holds no device array (host values: every process has them)."""
-    owners = set().union(*(owning_processes(x) for x in jax.tree.leaves(arrays) if isinstance(x, jax.Array)))
-    return sorted(owners) if owners else None
+__all__ = ["Checkpointer", "CheckpointLayout", "CheckpointRestoreError", "CheckpointSaveError", "checkpoint_layout"]
 
 
 class Checkpointer:
-    """`processes`: the processes whose devices hold the checkpoint's arrays (`arrays_processes`; None: every
-    process). When that is not every process (the released `consecutive` layout: the learner's arrays live on the
-    learner hosts only), Orbax cannot take the arrays as they are: one that lies within one process is refused as
-    "host local" in a multi-process run, and its numpy writer writes from process 0 only. So such a checkpoint is
-    saved from host copies that every process receives (`distributed.fetch`) and written by process 0, and a restore
-    places the values back into the layout from every process (`distributed.from_host`). That costs a host copy of
-    the whole learner state on every process while it saves: right for a learner that fits a host's memory (the
-    tests' layouts), not for the released learner spread over many hosts."""
+    """`layout`: how the checkpoint's arrays lie over the processes (`checkpoint_roles.checkpoint_layout` of the
+    arrays the loop saves; None: every process holds a shard of each, one `arrays` item). The released `consecutive`
+    layout keeps the learner roles on some hosts only: each role is then its own item, written and read shard by
+    shard by the hosts that hold it; a role within one process goes through host copies instead (every process
+    receives the arrays, `distributed.fetch`, process 0 writes them; a restore places them back from every process,
+    `distributed.from_host`), which a learner within one host has room for (checkpoint_roles.py)."""
 
     def __init__(self, directory: str | os.PathLike, *, save_every: int, keep: int, async_save: bool = True,
-                 processes: Sequence[int] | None = None):
+                 layout: CheckpointLayout | None = None):
         self.directory = RunDir(directory).root  # absolute when local (Orbax resolves nothing relative), or a URI
         self.save_every = save_every
-        self.host_copies = processes is not None and set(processes) != set(range(jax.process_count()))
+        self.layout = layout or CheckpointLayout("global")
+        self.host_copies = self.layout.kind == "host_copies"
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
                                                create=True)
         summarise_orbax_tracebacks()
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        handlers = None
+        if self.layout.kind == "roles":
+            handlers = {ROLE_ITEM_PREFIX + part: role_item_handler(primary)
+                        for part, primary in self.layout.primaries.items()}
+            handlers["meta"] = ocp.JsonCheckpointHandler()
+        self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
         self._closed = False
         self._in_flight: int | None = None  # the step whose (async) save has started and not been checked
         self._failure: CheckpointSaveError | None = None
@@ -99,7 +104,7 @@ class Checkpointer:
         if self.host_copies:
             arrays = fetch(arrays)  # a collective: every process saves every step together
         try:
-            self.manager.save(step, args=ocp.args.Composite(arrays=ocp.args.StandardSave(arrays),
+            self.manager.save(step, args=ocp.args.Composite(**save_args(self.layout, arrays),
                                                             meta=ocp.args.JsonSave(meta)))
         except Exception as error:  # noqa: BLE001 - Orbax raises ValueError for a failed tensorstore write
             raise self._save_failed(step, error) from None
@@ -110,16 +115,16 @@ class Checkpointer:
     def restore(self, step: int, abstract_arrays: Any) -> tuple[Any, dict]:
         """Arrays restored into the structure, dtypes and shardings of `abstract_arrays`, and the metadata."""
         if self.host_copies:
-            restored = self.manager.restore(step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(),
+            # read as host arrays, whatever devices saved them (a checkpoint of another layout restores too)
+            as_host = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), abstract_arrays)
+            restored = self.manager.restore(step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(as_host),
                                                                           meta=ocp.args.JsonRestore()))
-            values = jax.tree.unflatten(jax.tree.structure(abstract_arrays), jax.tree.leaves(restored["arrays"]))
-            arrays = jax.tree.map(lambda value, x: from_host(np.asarray(value, x.dtype), x.sharding), values,
-                                  abstract_arrays)
+            arrays = jax.tree.map(lambda value, x: from_host(np.asarray(value, x.dtype), x.sharding),
+                                  restored["arrays"], abstract_arrays)
             return arrays, restored["meta"]
-        target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_arrays)
-        restored = self.manager.restore(step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(target),
+        restored = self.manager.restore(step, args=ocp.args.Composite(**restore_args(self.layout, abstract_arrays),
                                                                       meta=ocp.args.JsonRestore()))
-        return restored["arrays"], restored["meta"]
+        return restored_arrays(self.layout, restored), restored["meta"]
 
     def restore_latest(self, abstract_arrays: Any) -> tuple[Any, dict] | None:
         """(arrays, meta) of the newest step that restores, None when there is no step; skipped steps are printed

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from mercury_jax.parallel.distributed import is_primary
 from mercury_jax.train import preemption
-from mercury_jax.train.checkpoints import Checkpointer, arrays_processes
+from mercury_jax.train.checkpoints import Checkpointer, checkpoint_layout
 from mercury_jax.train.guards import NonFiniteGuard
 from mercury_jax.train.metrics import MetricsLogger
 from mercury_jax.train.resume import read_jsonl, truncate_jsonl
@@ -73,7 +73,7 @@ def run_loop(algorithm: Algorithm, stage: StageDir, cadence: Cadence, *, train_c
     stage.make()
     name = algorithm.stage
     checkpointer = make_checkpointer(stage.checkpoints, save_every=cadence.checkpoint_every, keep=cadence.keep,
-                                     async_save=cadence.async_save, processes=arrays_processes(algorithm.arrays()))
+                                     async_save=cadence.async_save, layout=checkpoint_layout(algorithm.arrays()))
     start, version = 0, 0
     restored = checkpointer.restore_latest(algorithm.arrays())  # skips (and moves aside) damaged newer steps
     if restored is not None:

@@ -52,7 +52,7 @@ class Seams:
     make_engine: Callable = Engine             # (model, num_slots=, max_length=, policy_version=, ...) -> engine
     reward: Callable | None = None             # (task, trajectory, grade) -> (reward, parts): rollout/rewards.py
     tasks: Callable[[str], list] | None = None  # split ("train" / "eval") -> tasks, instead of config.world's
-    make_checkpointer: Callable = Checkpointer  # (directory, save_every=, keep=, async_save=, processes=)
+    make_checkpointer: Callable = Checkpointer  # (directory, save_every=, keep=, async_save=, layout=)
 
 
 class Rollouts:
