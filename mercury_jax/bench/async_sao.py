@@ -19,9 +19,10 @@ timing: `--steps` SAO steps in sync mode, then in async mode, each from the warm
 `sft` stage copied in; without one, a run of its own), on one process. Per step: the wall time; the learner's idle
 fraction (the step's time spent waiting for its batch, `rollout_s` / step time); the rollout's idle fraction (1 -
 the engine's busy seconds in decode chunks and prefills / step time; `Rollouts.usage`); the slot occupancy of the
-decode chunks; and the spread of the batch's episode lengths (action tokens), which a sync batch waits out. The
-first `--skip` steps (compilation) are left out of the means. On one machine the rollout and the learner share its
-cores, so async overlaps them only as far as the CPU allows; on a pod they have chips of their own.
+decode chunks; and the spread of the batch's episode lengths (action tokens), which a sync batch waits out. Steps
+that compiled (the first, the first actor step, a new padded batch length) are left out of the means. On one machine
+the rollout and the learner share its cores, so async overlaps them only as far as the CPU allows; on a pod they
+have chips of their own.
 """
 from __future__ import annotations
 
@@ -151,10 +152,24 @@ def _copy_warm_start(source: Path, workdir: Path) -> None:
             shutil.copy2(source / part, workdir / part)
 
 
+def _without_compiles(records: list[dict], workdir: Path) -> list[dict]:
+    """The steps that compiled nothing: not the first step, not the first actor step, not a step whose padded batch
+    length is new in the run (each compiles the learner programs for it)."""
+    config = json.loads((workdir / "config.json").read_text())
+    first_actor_step = config["sao"]["critic_only_steps"] + 1
+    seen, kept = set(), []
+    for record in records:
+        if record["step"] not in (1, first_actor_step) and record["batch_length"] in seen:
+            kept.append(record)
+        seen.add(record["batch_length"])
+    return kept
+
+
 def timing(args) -> str:
     root = Path(args.root)
     warm = root / _slug(next(iter(LEARNING_RUNS)))
-    overrides = [f"--config.sao.steps={args.steps}", "--config.sao.eval_every=0", "--config.checkpoint.every=0"]
+    overrides = [f"--config.sao.steps={args.steps}", "--config.sao.eval_every=0", "--config.checkpoint.every=0",
+                 "--config.world.num_eval_tasks=8"]  # the evaluations before and after are not timed
     results = {}
     for mode in ("sync", "async"):
         workdir = root / f"timing-{mode}"
@@ -165,9 +180,9 @@ def timing(args) -> str:
             if (warm / "sft").is_dir():
                 _copy_warm_start(warm, workdir)
             wall = _run(mode, workdir, root / "logs", 1, 8, overrides)
-        records = _records(workdir / "sao" / "sao_metrics.jsonl")[args.skip:]
+        records = _without_compiles(_records(workdir / "sao" / "sao_metrics.jsonl"), workdir)
         if not records:
-            raise RuntimeError(f"{workdir}: no step after the first {args.skip}; raise --steps")
+            raise RuntimeError(f"{workdir}: every step compiled something; raise --steps")
         results[mode] = (records, wall)
 
     rows = []
@@ -183,7 +198,7 @@ def timing(args) -> str:
                      f"{np.mean([r['response_length'] for r in records]):.0f} ({int(np.median(lengths_min))}-"
                      f"{int(np.median(lengths_max))})",
                      f"{np.mean([r['staleness_mean'] for r in records]):.2f}", f"{wall / 60:.1f}"])
-    table = markdown_table(["mode", "steps (after the first)", "wall s / step", "learner idle", "rollout idle",
+    table = markdown_table(["mode", "steps (without compiles)", "wall s / step", "learner idle", "rollout idle",
                             "slot occupancy", "episode length, mean (median min-max of a batch)",
                             "policy lag, mean", "run wall min"], rows)
     sync_step = np.mean([r["step_time_s"] for r in results["sync"][0]])
@@ -200,7 +215,6 @@ def main() -> None:
     parser.add_argument("--root", default="/tmp/async_sao", help="the runs' workdirs and logs")
     parser.add_argument("--steps", type=int, default=0,
                         help="SAO steps (default: learning 20, the demo's first evaluation; timing 16)")
-    parser.add_argument("--skip", type=int, default=2, help="timing: first steps left out (compilation)")
     parser.add_argument("--together", action="store_true", help="learning: both runs at once")
     parser.add_argument("--report", action="store_true", help="run nothing: report the runs already in --root")
     parser.add_argument("--no-write", action="store_true")
