@@ -20,7 +20,7 @@ timing: `--steps` SAO steps in sync mode, then in async mode, each from the warm
 fraction (the step's time spent waiting for its batch, `rollout_s` / step time); the rollout's idle fraction (1 -
 the engine's busy seconds in decode chunks and prefills / step time; `Rollouts.usage`); the slot occupancy of the
 decode chunks; and the spread of the batch's episode lengths (action tokens), which a sync batch waits out. Steps
-that compiled (the first, the first actor step, a new padded batch length) are left out of the means. On one machine
+that compiled (a padded batch length new to the critic, or to the actor) are left out of the means. On one machine
 the rollout and the learner share its cores, so async overlaps them only as far as the CPU allows; on a pod they
 have chips of their own.
 """
@@ -153,15 +153,16 @@ def _copy_warm_start(source: Path, workdir: Path) -> None:
 
 
 def _without_compiles(records: list[dict], workdir: Path) -> list[dict]:
-    """The steps that compiled nothing: not the first step, not the first actor step, not a step whose padded batch
-    length is new in the run (each compiles the learner programs for it)."""
+    """The steps that compiled nothing: each step whose padded batch length is new in the run compiles the critic's
+    programs for it, and after the critic-only steps the actor's too."""
     config = json.loads((workdir / "config.json").read_text())
-    first_actor_step = config["sao"]["critic_only_steps"] + 1
+    critic_only = config["sao"]["critic_only_steps"]
     seen, kept = set(), []
     for record in records:
-        if record["step"] not in (1, first_actor_step) and record["batch_length"] in seen:
+        programs = (record["batch_length"], record["step"] > critic_only)
+        if programs in seen:
             kept.append(record)
-        seen.add(record["batch_length"])
+        seen.add(programs)
     return kept
 
 
