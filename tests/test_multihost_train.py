@@ -59,7 +59,7 @@ def _records(path: Path) -> list[dict]:
 
 def _deterministic(record: dict) -> dict:
     """A metrics record without its wall-clock figures (seconds, rates per second) and the slot occupancy (process
-    0's rollout replicas: in a 2-process run half of them)."""
+    0's rollout replicas: in a 2-process run half of them; and it depends on when tool calls return)."""
     return {k: v for k, v in record.items()
             if not (k.endswith("_s") or k.endswith("per_s") or "seconds" in k or k == "slot_occupancy")}
 

@@ -140,8 +140,8 @@ class Rollouts:
     def usage(self) -> dict:
         """This process's rollout engine since `mark_usage`: `rollout_busy_s`, the seconds it spent in decode chunks
         and prefills (the rest of the interval it idled), and `slot_occupancy`, busy slot-steps / all slot-steps of
-        its decode chunks (a slot idles when its episode ended or waits on a tool). In async mode the worker's engine,
-        which samples throughout."""
+        its decode chunks (a slot idles when its episode ended or waits on a tool; it depends on when tool calls return,
+        so a resumed run need not repeat it). In async mode the worker's engine, which samples throughout."""
         reading = self._usage_reading()
         if reading is None:
             return {}
