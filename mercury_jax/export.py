@@ -40,6 +40,7 @@ from flax import nnx
 
 from mercury_jax.chat import BUILTIN_CHAT_TEMPLATE, SentencePieceTokenizer, qwen35_tokenizer
 from mercury_jax.train.checkpoint_faults import describe, named_file
+from mercury_jax.train.checkpoint_roles import ROLE_ITEM_PREFIX, is_arrays_item
 from mercury_jax.train.rundir import POLICY_ARRAYS, STAGES, RunDir
 from mercury_jax.train.setup import build_model, model_runtime
 from models.qwen35_moe import Qwen35MoeConfig, Qwen35MoeForCausalLM, save_hf
@@ -73,7 +74,7 @@ def checkpoint_steps(checkpoint_dir: str | Path) -> list[int]:
     if not checkpoint_dir.is_dir():
         return []
     return sorted(int(p.name) for p in checkpoint_dir.iterdir()
-                  if p.name.isdigit() and any(q.name == "arrays" or q.name.startswith("arrays_") for q in p.iterdir()))
+                  if p.name.isdigit() and any(is_arrays_item(q.name) for q in p.iterdir()))
 
 
 def run_tokenizer_file(config: ml_collections.ConfigDict, workdir: str | Path) -> Path | None:
@@ -203,7 +204,7 @@ def restore_policy(workdir: str | Path, *, step: int | None = None, stage: str |
     by_path = {}
     try:
         for keys in POLICY_ARRAYS[stage]:
-            role_item = step_dir / f"arrays_{keys[0]}"  # a role saved as its own item (train/checkpoint_roles.py)
+            role_item = step_dir / (ROLE_ITEM_PREFIX + keys[0])  # a role saved as its own item
             if role_item.is_dir():
                 arrays_dir = role_item
                 by_path.update(read_checkpoint_arrays(role_item, keys[1:]))

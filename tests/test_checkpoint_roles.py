@@ -4,16 +4,13 @@ shards it holds, nothing goes through a host copy; the files are ordinary Orbax 
 process), and a damaged role item is named by the resume's file check."""
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from mercury_jax.bench.local_processes import free_port
+from mercury_jax.bench.local_processes import run_reporting_script
 from mercury_jax.export import checkpoint_steps, read_checkpoint_arrays
 from mercury_jax.train.checkpoint_faults import unreadable_reason
 
@@ -24,23 +21,7 @@ PROCESSES = 5
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory) -> tuple[Path, dict[int, dict]]:
     workdir = tmp_path_factory.mktemp("roles") / "checkpoints"
-    port, procs = free_port(), []
-    for i in range(PROCESSES):
-        env = {**os.environ, "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": str(PROCESSES),
-               "JAX_PROCESS_ID": str(i), "JAX_PLATFORMS": "cpu"}
-        env.pop("XLA_FLAGS", None)  # the worker asks for 2 devices per process itself
-        procs.append(subprocess.Popen([sys.executable, str(WORKER), str(workdir)], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
-    reports = {}
-    try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=300)
-            assert proc.returncode == 0, err[-3000:]
-            report = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
-            reports[report["process"]] = report
-    finally:
-        for proc in procs:
-            proc.kill()
+    reports = run_reporting_script(WORKER, processes=PROCESSES, args=(str(workdir),))
     return workdir, reports
 
 

@@ -5,40 +5,18 @@ params into a replica's layout is refused by JAX in a multi-process run, which i
 `all_gather_objects` (how trajectories reach the learner hosts) hands both processes both processes' objects."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from mercury_jax.bench.local_processes import free_port
+from mercury_jax.bench.local_processes import run_reporting_script
 
 WORKER = Path(__file__).with_name("multihost_publish_worker.py")
 
 
 @pytest.mark.slow
 def test_publish_reaches_replicas_on_another_process():
-    port = free_port()
-    procs = []
-    for i in range(2):
-        env = {**os.environ, "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": "2",
-               "JAX_PROCESS_ID": str(i), "JAX_PLATFORMS": "cpu"}
-        env.pop("XLA_FLAGS", None)  # the worker asks for 4 devices per process itself
-        procs.append(subprocess.Popen([sys.executable, str(WORKER)], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
-    results = {}
-    try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=240)
-            assert proc.returncode == 0, err[-3000:]
-            line = [line for line in out.splitlines() if line.startswith("{")][-1]
-            report = json.loads(line)
-            results[report["process"]] = report
-    finally:
-        for proc in procs:
-            proc.kill()
+    results = run_reporting_script(WORKER, processes=2, timeout_s=240)
     assert set(results) == {0, 1}
     for report in results.values():
         assert report["processes"] == 2 and report["devices"] == 8 and report["local_devices"] == 4

@@ -4,9 +4,11 @@
     procs = launch(["--config", "experiments/sao.py:tiny", "--workdir", "/tmp/run"], logs=Path("/tmp/logs"),
                    processes=2, devices=4)
     wait(procs)          # raises LaunchFailed with the logs' tails when a process exits non-zero
+    reports = run_reporting_script(Path("worker.py"), processes=5)   # {process: its last JSON line}
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -89,3 +91,29 @@ def wait(procs: list[subprocess.Popen], *, logs: Path, timeout_s: float, until=N
         time.sleep(0.1)
     kill(procs)
     raise LaunchFailed(f"no result within {timeout_s:.0f} s\n{tails(logs)}")
+
+
+def run_reporting_script(script: Path, *, processes: int, args: tuple[str, ...] = (),
+                         timeout_s: float = 300) -> dict[int, dict]:
+    """Run `python SCRIPT ARGS` as `processes` processes of one JAX run (loopback coordinator; the script sets its own
+    device count) and return each process's last JSON line (an object with a "process" key) by process. A process
+    that exits non-zero raises `LaunchFailed` with its stderr's tail."""
+    port, procs = free_port(), []
+    for rank in range(processes):
+        env = {**os.environ, "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": str(processes),
+               "JAX_PROCESS_ID": str(rank), "JAX_PLATFORMS": "cpu"}
+        env.pop("XLA_FLAGS", None)
+        procs.append(subprocess.Popen([sys.executable, str(script), *args], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    reports = {}
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout_s)
+            if proc.returncode != 0:
+                raise LaunchFailed(f"{script.name} exited with {proc.returncode}\n{err[-3000:]}")
+            report = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+            reports[report["process"]] = report
+    finally:
+        for proc in procs:
+            proc.kill()
+    return reports

@@ -19,6 +19,8 @@ import re
 
 from etils import epath
 
+from mercury_jax.train.checkpoint_roles import is_arrays_item
+
 _SPEC = re.compile(r" \[(tensorstore_spec|source_locations)=.*$")
 _OS_ERROR_CODE = re.compile(r"\[os_error_code='?(\d+)'?\]")
 _QUOTED_PATH = re.compile(r'"((?:/|[a-z][a-z0-9+.-]*://)[^"]+)"')
@@ -48,8 +50,7 @@ def unreadable_reason(step_dir: epath.Path) -> str | None:
         return "it is not a directory"
     if not any(True for _ in step_dir.iterdir()):
         return "the directory is empty (a save that never wrote anything)"
-    # one `arrays` item, or one `arrays_<role>` item a role (checkpoint_roles.py)
-    items = sorted(p.name for p in step_dir.iterdir() if p.name == "arrays" or p.name.startswith("arrays_"))
+    items = sorted(p.name for p in step_dir.iterdir() if is_arrays_item(p.name))
     for item in items or ["arrays"]:
         arrays_metadata = step_dir / item / "_METADATA"
         if not arrays_metadata.exists():

@@ -39,9 +39,10 @@ class CheckpointLayout:
     kind: str                               # "global", "roles" or "host_copies"
     primaries: dict[str, int] = dataclasses.field(default_factory=dict)  # roles: part -> its primary process
 
-    def items(self) -> list[str]:
-        """The array items of a checkpoint in this layout."""
-        return [ROLE_ITEM_PREFIX + part for part in self.primaries] if self.kind == "roles" else [ARRAYS_ITEM]
+
+def is_arrays_item(name: str) -> bool:
+    """Whether a step directory's entry `name` is an array item (`arrays`, or a role's `arrays_<part>`)."""
+    return name == ARRAYS_ITEM or name.startswith(ROLE_ITEM_PREFIX)
 
 
 def checkpoint_layout(arrays: Any) -> CheckpointLayout:
