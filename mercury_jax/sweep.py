@@ -4,12 +4,17 @@ the checkpoint the released rule selects (docs/ALGORITHMS.md, pipeline 2, "Check
     python -m mercury_jax.sweep --workdir runs/grpo [--steps 0,20,40] [--num-tasks 256] [--seed S] \
         [--alpha 0.05] [--confidence 0.95] [--out DIR] [--recompute]
 
-For each checkpoint `WORKDIR/grpo/checkpoints/STEP` (ascending; step 0 is the starting SFT policy and is always
-evaluated) the policy is restored as host arrays (`export.restore_policy`), put on the default device, and runs
-one full tool episode per held-out task (`setup.world_tasks(config.world, "eval")`, the first `--num-tasks`) with
-the run's rollout budgets and sampling. One `Engine` serves every checkpoint (compiled once; `update_weights`
-between checkpoints), and every checkpoint sees the same tasks in the same order with the same sampling seed, so
-episode i of every checkpoint draws the same random numbers and the outcomes are paired task by task.
+`--workdir` is a local path, a `file:///abs/path` URL or a `gs://` URI (read through `train/run_reader.py`). For each
+checkpoint `WORKDIR/grpo/checkpoints/STEP` (ascending; step 0 is the starting SFT policy and is always evaluated)
+the policy runs one full tool episode per held-out task (`setup.world_tasks(config.world, "eval")`, the first
+`--num-tasks`) with the run's rollout budgets and sampling, on the run's rollout layout (`train/checkpoint_engine.py`):
+with `rollout.replica` (the released runs), replicas of that shape over every device of every process, each
+checkpoint restored straight into their layout in `rollout.param_dtype` (no host copy of the whole model); else one
+engine on the first device. One engine serves every checkpoint (compiled once; new weights between checkpoints),
+and every checkpoint sees the same tasks in the same order with the same sampling seed, so episode i of every
+checkpoint draws the same random numbers and the outcomes are paired task by task. Run it on every process of a pod
+at once, like the trainers (`python -m mercury_jax.sweep --workdir gs://...` on each host): the episodes spread over
+the hosts' replicas, and process 0 writes the outputs.
 
 Per checkpoint (`evaluation/table.py`): accuracy and post-answer over-search rate with Wilson intervals and exact
 McNemar p-values against step 0 (two-sided for accuracy, one-sided "lower" for over-search), and tool calls per
@@ -22,21 +27,30 @@ checkpoint, reused by a rerun with the same setup (tasks, seed, budgets, samplin
 """
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import json
-import os
 import sys
-import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any, TextIO
 
-import jax
-from absl import logging
-from flax import nnx
+from mercury_jax.parallel import distributed
 
-from mercury_jax.evaluation import (
+if __name__ == "__main__":  # multi-process JAX before anything touches a device (as mercury_jax.main does)
+    distributed.initialize_for_main(sys.argv)
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import TextIO  # noqa: E402
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import logging  # noqa: E402
+from etils import epath  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
+
+from mercury_jax.evaluation import (  # noqa: E402
     EpisodeOutcomes,
     checkpoint_record,
     format_table,
@@ -44,15 +58,15 @@ from mercury_jax.evaluation import (
     plot_frontier,
     select_checkpoint,
 )
-from mercury_jax.evaluation.selection import START_STEP
-from mercury_jax.export import ExportError, checkpoint_steps, load_run_config, restore_policy, run_tokenizer
-from mercury_jax.rollout.engine import Engine
-from mercury_jax.rollout.episode import EpisodeRunner
-from mercury_jax.train.rundir import RunDir, write_atomically
-from mercury_jax.train.setup import episode_reward, rollout_budgets, rollout_sampling, world_tasks
+from mercury_jax.evaluation.selection import START_STEP  # noqa: E402
+from mercury_jax.parallel.distributed import is_primary  # noqa: E402
+from mercury_jax.rollout.engine import Engine  # noqa: E402
+from mercury_jax.train.checkpoint_engine import CheckpointEngine  # noqa: E402
+from mercury_jax.train.run_reader import EVAL_SEED_OFFSET, RunReader, RunReadError, eval_seed  # noqa: E402
+from mercury_jax.train.rundir import as_path, is_local, write_atomically  # noqa: E402
+from mercury_jax.train.setup import world_tasks  # noqa: E402
 
 STAGE = "grpo"
-EVAL_SEED_OFFSET = 1_000_003  # the default sampling seed is config.seed + this (as the SAO trainer's evaluations)
 ROLLOUT_FIELDS = ("max_tool_turns", "max_total_tokens", "max_turn_tokens", "temperature", "top_p", "num_slots")
 
 
@@ -60,10 +74,11 @@ class SweepError(ValueError):
     """The sweep cannot run as asked; the message says what is missing and how to get it."""
 
 
-def sweep_steps(workdir: str | Path, requested: list[int] | None = None) -> list[int]:
+def sweep_steps(workdir: str | os.PathLike | RunReader, requested: list[int] | None = None) -> list[int]:
     """The checkpoint steps to evaluate, ascending, always including the starting policy (step 0)."""
-    checkpoint_dir = Path(os.fspath(RunDir(workdir).stage(STAGE).checkpoints))
-    available = checkpoint_steps(checkpoint_dir)
+    reader = workdir if isinstance(workdir, RunReader) else RunReader(workdir)
+    checkpoint_dir = os.fspath(reader.checkpoints(STAGE))
+    available = reader.steps(STAGE)
     if not available:
         raise SweepError(f"no {STAGE} checkpoint in {checkpoint_dir}: train the run first (`python -m "
                          f"mercury_jax.main --config experiments/grpo.py --workdir {workdir}` saves step 0, the "
@@ -79,61 +94,77 @@ def sweep_steps(workdir: str | Path, requested: list[int] | None = None) -> list
     return steps
 
 
-def policy_on_device(workdir: Path, step: int):
-    """The run's policy at checkpoint `step`, restored from host arrays onto the first device."""
-    model, _, _ = restore_policy(workdir, step=step, stage=STAGE)
-    graphdef, state = nnx.split(model)
-    return nnx.merge(graphdef, jax.device_put(state, jax.devices()[0]))
-
-
 def run_sweep(workdir: str | Path, *, steps: list[int] | None = None, num_tasks: int | None = None,
               seed: int | None = None, alpha: float = 0.05, confidence: float = 0.95, out: str | Path | None = None,
               recompute: bool = False, stream: TextIO = sys.stdout,
-              load_policy: Callable[[Path, int], Any] = policy_on_device, make_engine: Callable[..., Any] = Engine,
-              ) -> dict:
-    """Evaluate the checkpoints, select one, write `sweep.json` and `frontier.png` to `out`; returns the summary.
+              load_policy: Callable | None = None, make_engine: Callable = Engine) -> dict:
+    """Evaluate the checkpoints, select one, write `sweep.json` and `frontier.png` to `out` (process 0); returns
+    the summary (on every process).
 
-    Seams: `load_policy(workdir, step)` gives the model of a checkpoint and `make_engine(model, num_slots=,
-    max_length=, policy_version=)` the engine that samples it (tests pass scripted ones)."""
-    workdir = Path(workdir)
+    Seams of the single-engine layout (`train/checkpoint_engine.py`): `load_policy(reader, step)` gives the model of
+    a checkpoint and `make_engine(model, num_slots=, max_length=, policy_version=)` the engine that samples it
+    (tests pass scripted ones)."""
     if not 0 < alpha < 1 or not 0 < confidence < 1:
         raise SweepError(f"--alpha {alpha} and --confidence {confidence} must lie in (0, 1)")
-    if not workdir.is_dir():
+    reader = RunReader(workdir)
+    if not reader.exists():
         raise SweepError(f"workdir {workdir} does not exist; pass the directory of a pivot-GRPO run")
-    config = _run_config(workdir)
-    steps = sweep_steps(workdir, steps)
+    config = _run_config(reader)
+    steps = sweep_steps(reader, steps)
     tasks = _held_out_tasks(config, num_tasks)
-    seed = config.seed + EVAL_SEED_OFFSET if seed is None else seed
-    out = Path(out) if out is not None else Path(os.fspath(RunDir(workdir).sweep))
+    seed = eval_seed(config) if seed is None else seed
+    out = as_path(out) if out is not None else reader.run.sweep
     setup_key = {"task_ids": [str(t.get("task_id", i)) for i, t in enumerate(tasks)], "seed": seed,
                  "rollout": {name: config.rollout[name] for name in ROLLOUT_FIELDS}}
-    print(f"[sweep] {workdir}: {len(steps)} checkpoints {steps}, {len(tasks)} held-out {config.world.name} tasks, "
-          f"sampling seed {seed}", file=stream, flush=True)
+    say = _printer(stream)
+    say(f"[sweep] {os.fspath(reader.root)}: {len(steps)} checkpoints {steps}, {len(tasks)} held-out "
+        f"{config.world.name} tasks, sampling seed {seed}")
 
-    outcomes = _evaluate(workdir, config, steps, tasks, setup_key, out, recompute, stream, load_policy, make_engine)
+    outcomes = _evaluate(reader, steps, tasks, setup_key, out, recompute, say,
+                         lambda: CheckpointEngine(reader, STAGE, load_policy=load_policy, make_engine=make_engine))
     records = [checkpoint_record(step, outcomes[step], outcomes[START_STEP], confidence=confidence)
                for step in steps]
     selection = select_checkpoint(records, alpha)
-    plot = plot_frontier(records, selection.step, out / "frontier.png", start_step=START_STEP,
-                         confidence=confidence, title=f"{workdir.name}: accuracy vs over-search per checkpoint\n"
-                         f"{len(tasks)} held-out tasks, {confidence:.0%} Wilson intervals")
-    summary = {"workdir": str(workdir.absolute()), "stage": STAGE, "steps": steps, "num_tasks": len(tasks),
+    plot = out / "frontier.png"
+    if is_primary():
+        _write_plot(records, selection.step, plot, confidence=confidence, title=f"{reader.name}: accuracy vs "
+                    f"over-search per checkpoint\n{len(tasks)} held-out tasks, {confidence:.0%} Wilson intervals")
+    summary = {"workdir": os.fspath(reader.root), "stage": STAGE, "steps": steps, "num_tasks": len(tasks),
                "alpha": alpha, "confidence": confidence, **setup_key,
                "selection": {"step": selection.step, "reason": selection.reason,
                              "qualifying": list(selection.qualifying),
                              "verdicts": {str(k): v for k, v in selection.verdicts.items()}},
-               "records": records, "frontier_plot": str(plot)}
+               "records": records, "frontier_plot": os.fspath(plot)}
     write_atomically(out / "sweep.json", json.dumps(summary, indent=1) + "\n")
-    print(format_table(records, selection.verdicts), file=stream)
-    print(f"[sweep] selected checkpoint: step {selection.step} ({selection.reason})\n"
-          f"[sweep] wrote {out / 'sweep.json'} and {plot}", file=stream, flush=True)
+    say(format_table(records, selection.verdicts))
+    say(f"[sweep] selected checkpoint: step {selection.step} ({selection.reason})\n"
+        f"[sweep] wrote {os.fspath(out / 'sweep.json')} and {os.fspath(plot)}")
     return summary
 
 
-def _run_config(workdir: Path):
+def _printer(stream: TextIO) -> Callable[[str], None]:
+    """Progress lines, printed by process 0 only (every process runs the same sweep)."""
+    def say(text: str) -> None:
+        if is_primary():
+            print(text, file=stream, flush=True)
+    return say
+
+
+def _write_plot(records, step: int, path: epath.Path, **options) -> None:
+    """`plot_frontier` to `path`, through a local file when `path` is remote (matplotlib writes local files)."""
+    if is_local(path):
+        plot_frontier(records, step, Path(os.fspath(path)), start_step=START_STEP, **options)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        local = plot_frontier(records, step, Path(tmp) / path.name, start_step=START_STEP, **options)
+        path.write_bytes(local.read_bytes())
+
+
+def _run_config(reader: RunReader):
+    workdir = os.fspath(reader.root)
     try:
-        config = load_run_config(workdir)
-    except ExportError as error:
+        config = reader.config
+    except RunReadError as error:
         raise SweepError(f"{error} (a pivot-GRPO run started with `python -m mercury_jax.main --config "
                          f"experiments/grpo.py --workdir {workdir}` writes it)") from None
     if config.world.name != "browse":
@@ -154,30 +185,32 @@ def _held_out_tasks(config, num_tasks: int | None) -> list[dict]:
     return world_tasks(config.world, "eval")[:num_tasks or held_out]
 
 
-def _evaluate(workdir: Path, config, steps: list[int], tasks: list[dict], setup_key: dict, out: Path,
-              recompute: bool, stream: TextIO, load_policy, make_engine) -> dict[int, EpisodeOutcomes]:
+def _evaluate(reader: RunReader, steps: list[int], tasks: list[dict], setup_key: dict, out: epath.Path,
+              recompute: bool, say, make_engine) -> dict[int, EpisodeOutcomes]:
     """Per-task outcomes of each step: from `out/outcomes/STEP.json` when its setup matches, else by rollouts."""
     cache_dir = out / "outcomes"
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    outcomes, to_run = {}, []
-    for step in steps:
-        cached = None if recompute else _read_cached(cache_dir / f"{step}.json", setup_key)
-        if cached is not None:
-            outcomes[step] = cached
-            print(f"[sweep] step {step}: outcomes reused from {cache_dir / f'{step}.json'}", file=stream, flush=True)
-        else:
-            to_run.append(step)
+    if is_primary():
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    cached = {step: None if recompute else _read_cached(cache_dir / f"{step}.json", setup_key) for step in steps}
+    to_run = _agreed([step for step in steps if cached[step] is None])
+    outcomes = {step: cached[step] for step in steps if step not in to_run}
+    for step in outcomes:
+        say(f"[sweep] step {step}: outcomes reused from {os.fspath(cache_dir / f'{step}.json')}")
     if not to_run:
         return outcomes
-    runner, engine = None, None
+    engine, runner = None, None
     started = time.perf_counter()
     for done, step in enumerate(to_run, start=1):
-        model = load_policy(workdir, step)
         if engine is None:
-            runner, engine = _make_runner(model, config, setup_key["seed"], step, workdir, make_engine)
-        else:
-            engine.update_weights(model, step)
-        del model
+            try:
+                engine = make_engine()
+            except ValueError as error:  # the layout's own checks (slots, replica size vs the hosts' devices)
+                raise SweepError(f"the run's rollout layout does not fit this sweep's devices: {error}") from None
+        engine.load(step)
+        if runner is None:
+            runner = engine.runner(setup_key["seed"])
+            say(f"[sweep] rollout layout: {engine.num_replicas} replica(s) of {engine.replica or 'one device'}, "
+                f"{engine.slots} slots each, weights in {engine.param_dtype or 'the checkpoint dtype'}")
         trajectories = runner.run(tasks, first_episode_id=0)  # same episode ids -> same sampling keys every step
         outcomes[step] = outcomes_from_trajectories(trajectories)
         write_atomically(cache_dir / f"{step}.json", json.dumps(
@@ -185,13 +218,24 @@ def _evaluate(workdir: Path, config, steps: list[int], tasks: list[dict], setup_
         elapsed = time.perf_counter() - started
         result = outcomes[step]
         n = len(result.task_ids)
-        print(f"[sweep] step {step} ({done}/{len(to_run)}): accuracy {sum(result.correct) / n:.3f}, over-search "
-              f"{sum(result.over_searched) / n:.3f}, tool calls {sum(result.tool_calls) / n:.2f} | "
-              f"{elapsed:.0f}s elapsed, ETA {elapsed / done * (len(to_run) - done):.0f}s", file=stream, flush=True)
+        say(f"[sweep] step {step} ({done}/{len(to_run)}): accuracy {sum(result.correct) / n:.3f}, over-search "
+            f"{sum(result.over_searched) / n:.3f}, tool calls {sum(result.tool_calls) / n:.2f} | "
+            f"{elapsed:.0f}s elapsed, ETA {elapsed / done * (len(to_run) - done):.0f}s")
     return outcomes
 
 
-def _read_cached(path: Path, setup_key: dict) -> EpisodeOutcomes | None:
+def _agreed(steps: list[int]) -> list[int]:
+    """Process 0's list of `steps` on every process (each read the cached outcomes itself; a file written between
+    two reads must not make one process run a checkpoint the others skip)."""
+    if jax.process_count() == 1:
+        return steps
+    mask = np.zeros((max(len(steps), 1 << 12),), np.int32)
+    mask[:len(steps)] = np.asarray(steps, np.int32) + 1
+    agreed = multihost_utils.broadcast_one_to_all(mask)
+    return [int(s) - 1 for s in agreed if s]
+
+
+def _read_cached(path: epath.Path, setup_key: dict) -> EpisodeOutcomes | None:
     """The stored outcomes of a step if they were made with `setup_key` (same tasks, seed, budgets, sampling)."""
     if not path.exists():
         return None
@@ -200,15 +244,6 @@ def _read_cached(path: Path, setup_key: dict) -> EpisodeOutcomes | None:
         return EpisodeOutcomes(**data["outcomes"]) if data.get("setup") == setup_key else None
     except (ValueError, KeyError, TypeError):  # an unreadable file is rerun, not trusted
         return None
-
-
-def _make_runner(model, config, seed: int, version: int, workdir: Path, make_engine=Engine):
-    rollout = config.rollout
-    engine = make_engine(model, num_slots=rollout.num_slots, max_length=rollout.max_total_tokens,
-                         policy_version=version)
-    runner = EpisodeRunner(engine, run_tokenizer(config, workdir), budgets=rollout_budgets(rollout),
-                           reward=episode_reward(config), sampling=rollout_sampling(rollout, seed))
-    return runner, engine
 
 
 def _parse_steps(text: str) -> list[int]:
@@ -237,7 +272,7 @@ def main(argv=None) -> None:
         run_sweep(args.workdir, steps=None if args.steps is None else _parse_steps(args.steps),
                   num_tasks=args.num_tasks, seed=args.seed, alpha=args.alpha, confidence=args.confidence,
                   out=args.out, recompute=args.recompute)
-    except (SweepError, ExportError) as error:
+    except (SweepError, RunReadError) as error:
         parser.exit(2, f"mercury_jax.sweep: error: {error}\n")
 
 

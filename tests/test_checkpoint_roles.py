@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from mercury_jax.bench.local_processes import run_reporting_script
-from mercury_jax.export import checkpoint_steps, read_checkpoint_arrays
 from mercury_jax.train.checkpoint_faults import unreadable_reason
+from mercury_jax.train.run_reader import checkpoint_steps, read_checkpoint_arrays
 
 WORKER = Path(__file__).with_name("multihost_checkpoint_worker.py")
 PROCESSES = 5

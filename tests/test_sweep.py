@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from local_buckets import serve_buckets
 
 from mercury_jax.evaluation import (
     EpisodeOutcomes,
@@ -256,7 +257,7 @@ def sweep_error(capsys, *argv) -> str:
 
 
 def test_cli_names_what_is_missing(tmp_path, capsys):
-    from mercury_jax.export import save_run_config
+    from mercury_jax.train.run_reader import save_run_config
 
     assert "does not exist; pass the directory of a pivot-GRPO run" in sweep_error(capsys, tmp_path / "nowhere")
     assert "config.json does not exist" in sweep_error(capsys, tmp_path)
@@ -284,8 +285,8 @@ def test_cli_names_what_is_missing(tmp_path, capsys):
 def tokenizer_run(tmp_path_factory):
     """The start of a fake pivot-GRPO run: config.json and the SentencePiece tokenizer trained on oracle text."""
     from mercury_jax.chat import render
-    from mercury_jax.export import save_run_config
     from mercury_jax.train import setup
+    from mercury_jax.train.run_reader import save_run_config
 
     workdir = tmp_path_factory.mktemp("grpo-run")
     config = tiny_grpo_config()
@@ -303,12 +304,13 @@ def tiny_run(tokenizer_run):
     import jax
     from flax import nnx
 
-    from mercury_jax.export import load_run_config, run_tokenizer
     from mercury_jax.train import setup
     from mercury_jax.train.checkpoints import Checkpointer
+    from mercury_jax.train.run_reader import RunReader
 
-    config = load_run_config(tokenizer_run)
-    model = setup.build_model(config.model, run_tokenizer(config, tokenizer_run).vocab_size, config.seed)
+    reader = RunReader(tokenizer_run)
+    config = reader.config
+    model = setup.build_model(config.model, reader.tokenizer().vocab_size, config.seed)
     _, params, frozen = nnx.split(model, nnx.Param, ...)
     perturbed = jax.tree.map(lambda x: x * 1.5, params)
     checkpointer = Checkpointer(tokenizer_run / "grpo" / "checkpoints", save_every=1, keep=10, async_save=False)
@@ -402,16 +404,31 @@ class OracleEngine:
         return False
 
 
-def test_sweep_selects_by_the_rule_on_scripted_policies(tokenizer_run, tmp_path, monkeypatch):
+@pytest.fixture(scope="session")
+def buckets(tmp_path_factory) -> Path:
+    """The local folder that `gs://` URIs read from in this test process (`local_buckets.py`)."""
+    root = tmp_path_factory.mktemp("buckets")
+    serve_buckets(root)
+    return root
+
+
+@pytest.mark.parametrize("location", ["path", "gs"])
+def test_sweep_selects_by_the_rule_on_scripted_policies(tokenizer_run, tmp_path, monkeypatch, location, request):
     """Real browse episodes and grading, policies replaced by scripted oracle behaviours per step: 0 over-searches
     on all 10 tasks, 1 never, 2 on task 0 only, 3 never but answers wrongly. Steps 1 and 2 qualify (accuracy equal,
-    over-search p = 2^-10, 2^-9); 3 loses accuracy (p = 2 * 2^-10); the latest qualifying step, 2, is selected."""
+    over-search p = 2^-10, 2^-9); 3 loses accuracy (p = 2 * 2^-10); the latest qualifying step, 2, is selected.
+    `gs`: the run directory is a `gs://` URI read through epath's remote-path code (config, checkpoint listing, the
+    tokenizer copied to a local cache; outcomes, sweep.json and the plot written back)."""
     import shutil
 
     from mercury_jax import sweep
-    from mercury_jax.export import run_tokenizer, save_run_config
+    from mercury_jax.train.run_reader import RunReader, save_run_config
     from mercury_jax.train.setup import world_tasks
 
+    workdir = tmp_path
+    if location == "gs":
+        workdir = request.getfixturevalue("buckets") / "bucket" / tmp_path.name
+        workdir.mkdir(parents=True)
     config = tiny_grpo_config(num_eval_tasks=10)
     config.rollout.max_tool_turns, config.rollout.max_total_tokens, config.rollout.max_turn_tokens = 4, 4096, 256
     save_run_config(config, tmp_path)
@@ -419,10 +436,19 @@ def test_sweep_selects_by_the_rule_on_scripted_policies(tokenizer_run, tmp_path,
     for step in ORACLE_POLICIES:
         (tmp_path / "grpo" / "checkpoints" / str(step) / "arrays").mkdir(parents=True)
     monkeypatch.setattr(OracleEngine, "tasks", tuple(world_tasks(config.world, "eval")))
-    monkeypatch.setattr(OracleEngine, "tokenizer", run_tokenizer(config, tmp_path))
+    monkeypatch.setattr(OracleEngine, "tokenizer", RunReader(tmp_path).tokenizer())
     monkeypatch.setattr(OracleEngine, "stride", config.rollout.max_tool_turns + 1)
-    summary = sweep.run_sweep(tmp_path, stream=io.StringIO(), load_policy=lambda workdir, step: f"policy {step}",
+    if location == "gs":
+        shutil.copytree(tmp_path, workdir, dirs_exist_ok=True)
+    summary = sweep.run_sweep(workdir if location == "path" else f"gs://bucket/{tmp_path.name}",
+                              stream=io.StringIO(), load_policy=lambda reader, step: f"policy {step}",
                               make_engine=OracleEngine)
+    if location == "gs":
+        assert summary["workdir"] == f"gs://bucket/{tmp_path.name}"
+        written = json.loads((workdir / "sweep" / "sweep.json").read_text())
+        assert written["selection"] == summary["selection"]
+        assert (workdir / "sweep" / "frontier.png").read_bytes()[:4] == b"\x89PNG"
+        assert sorted(p.name for p in (workdir / "sweep" / "outcomes").iterdir()) == [f"{s}.json" for s in range(4)]
     records = {r["step"]: r for r in summary["records"]}
     assert [records[s]["accuracy"] for s in ORACLE_POLICIES] == [1.0, 1.0, 1.0, 0.0]
     assert [records[s]["over_search_rate"] for s in ORACLE_POLICIES] == [1.0, 0.0, 0.1, 0.0]

@@ -25,7 +25,6 @@ from mercury_jax.chat import render_completion
 from mercury_jax.envs.browse.stop_verifier import STOP_RULES
 from mercury_jax.envs.episode import oracle_trajectory
 from mercury_jax.envs.presets import preset_tasks
-from mercury_jax.export import read_checkpoint_arrays, save_run_config
 from mercury_jax.rl.advantages import group_advantages
 from mercury_jax.rollout.rewards import StopVerifierReward
 from mercury_jax.rollout.trajectory import Trajectory
@@ -36,6 +35,7 @@ from mercury_jax.train.loop import run_loop
 from mercury_jax.train.optim import make_optimizer
 from mercury_jax.train.pivot_data import build_pivots, read_pivots, task_tool_schemas
 from mercury_jax.train.rollouts import Seams
+from mercury_jax.train.run_reader import read_checkpoint_arrays, save_run_config
 from mercury_jax.train.rundir import RunDir
 from mercury_jax.train.state import TrainState
 from mercury_jax.train.validate import ConfigError, validate_config

@@ -34,13 +34,13 @@ from scripted_engine import ScriptedEngine  # noqa: E402
 from experiments import common  # noqa: E402
 from experiments.sft import sft_config  # noqa: E402
 from experiments.sft import tiny_sft as tiny_sft_section  # noqa: E402
-from mercury_jax.export import read_checkpoint_arrays, save_run_config  # noqa: E402
 from mercury_jax.train import preemption, setup  # noqa: E402
 from mercury_jax.train.checkpoints import Checkpointer  # noqa: E402
 from mercury_jax.train.guards import NonFiniteError, NonFiniteGuard  # noqa: E402
 from mercury_jax.train.metrics import MetricsLogger  # noqa: E402
 from mercury_jax.train.resume import ResumeError, check_run_config, read_jsonl, truncate_jsonl  # noqa: E402
 from mercury_jax.train.rollouts import Seams  # noqa: E402
+from mercury_jax.train.run_reader import read_checkpoint_arrays, save_run_config  # noqa: E402
 from mercury_jax.train.rundir import StageDir, as_path  # noqa: E402
 from mercury_jax.train.sft import Sft  # noqa: E402
 from mercury_jax.train.sft import run_sft as sft_run  # noqa: E402

@@ -13,7 +13,10 @@ Extras kept in the record (not tested): mean over-search calls, evidence-suffici
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Mapping, Sequence
+
+import numpy as np
 
 from mercury_jax.evaluation.stats import mcnemar_exact, mean_interval, wilson_interval
 
@@ -31,6 +34,7 @@ class EpisodeOutcomes:
     evidence_sufficient: list[bool] = dataclasses.field(default_factory=list)
     grounded: list[bool] = dataclasses.field(default_factory=list)
     truncated: list[bool] = dataclasses.field(default_factory=list)
+    token_digests: list[str] = dataclasses.field(default_factory=list)  # `episode_digest` of each episode
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
@@ -38,6 +42,12 @@ class EpisodeOutcomes:
             if values and len(values) != len(self.task_ids):
                 raise ValueError(f"EpisodeOutcomes.{field.name} has {len(values)} entries for "
                                  f"{len(self.task_ids)} tasks")
+
+
+def episode_digest(tokens) -> str:
+    """A short hash of an episode's token ids: two evaluations sampled the same episode iff these agree (the sweep
+    on another rollout layout or process count must give the same ones)."""
+    return hashlib.sha256(np.asarray(tokens, np.int64).tobytes()).hexdigest()[:16]
 
 
 def outcomes_from_trajectories(trajectories: Sequence) -> EpisodeOutcomes:
@@ -57,7 +67,8 @@ def outcomes_from_trajectories(trajectories: Sequence) -> EpisodeOutcomes:
         over_search_calls=[int(g["over_search_calls"]) for g in grades],
         evidence_sufficient=[bool(g.get("evidence_sufficient")) for g in grades],
         grounded=[bool(g.get("grounded")) for g in grades],
-        truncated=[t.finish_reason in TRUNCATED for t in trajectories])
+        truncated=[t.finish_reason in TRUNCATED for t in trajectories],
+        token_digests=[episode_digest(t.tokens) for t in trajectories])
 
 
 def checkpoint_record(step: int, outcomes: EpisodeOutcomes, start: EpisodeOutcomes, *,

@@ -13,6 +13,8 @@ every replica's decode chunk before collecting any, so the replicas decode at th
 keyed by request id; a request's tokens depend only on (seed, request id, weights), not on its replica (sampling.py),
 so the episode runner and the async worker run over this as over one engine and produce one trajectory stream.
 
+`weights=` (one tree per local replica, already in its layout) replaces the first cast and move; `install_weights`
+takes later ones the same way (the checkpoint sweep restores each checkpoint straight into the replicas).
 `update_weights(model, version)` casts and moves the weights to every replica (device to device, by collectives
 from a learner mesh: `publish.py`) before returning.
 
@@ -51,14 +53,19 @@ class ReplicatedEngine:
 
     def __init__(self, model: nnx.Module, *, meshes: Sequence[Mesh], num_slots: int, max_length: int,
                  steps_per_sync: int = 8, refill: bool = True, policy_version: int = 0, param_dtype=None,
-                 hbm_gib: float | None = None, weights_swap: str = "request", make_engine: Callable = Engine):
+                 hbm_gib: float | None = None, weights_swap: str = "request", make_engine: Callable = Engine,
+                 weights: Sequence | None = None):
         if not meshes:
             raise ValueError("ReplicatedEngine needs at least one replica mesh (rollout.replica_meshes)")
         local = local_meshes(meshes)
         self.local_replicas = [i for i, mesh in enumerate(meshes) if mesh in local]  # indices into `meshes`
         self.publisher = Publisher(meshes, param_dtype)
         first = {}
-        if jax.process_count() > 1:  # the first weights by the collective publish, on every process at once
+        if weights is not None:  # already in each local replica's layout (a checkpoint restored there: sweep.py)
+            if len(weights) != len(self.local_replicas):
+                raise ValueError(f"{len(weights)} weight trees for this process's {len(self.local_replicas)} replicas")
+            first = {"weights": dict(zip(self.local_replicas, weights))}
+        elif jax.process_count() > 1:  # the first weights by the collective publish, on every process at once
             first = {"weights": dict(zip(self.local_replicas, self._published(model)))}
         self.engines = [make_engine(model, num_slots=num_slots, max_length=max_length, steps_per_sync=steps_per_sync,
                                     refill=refill, policy_version=policy_version, mesh=meshes[i],

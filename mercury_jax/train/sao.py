@@ -33,13 +33,12 @@ from mercury_jax.train.metrics import plot_evaluations
 from mercury_jax.train.packing import pack_batch, rows_used
 from mercury_jax.train.placement import batch_to_mesh, role_meshes, state_on_mesh, step_shardings
 from mercury_jax.train.rollouts import Rollouts, Seams
+from mercury_jax.train.run_reader import eval_seed
 from mercury_jax.train.rundir import RunDir, StageDir, append_line, write_text
 from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step
 from mercury_jax.train.streams import TaskStream
 from mercury_jax.train.warm_start import starting_policy
 from models.qwen35_moe.critic import Qwen35MoeCritic, critic_trainable
-
-EVAL_SEED_OFFSET = 1_000_003  # held-out episodes sample from their own seed stream
 
 
 def run_sao(config: ml_collections.ConfigDict, workdir: str | os.PathLike, seams: Seams = Seams()):
@@ -88,7 +87,7 @@ class Sao:
                                  mode=self.rcfg.mode, make_engine=seams.make_engine,
                                  max_staleness=self.cfg.max_staleness, queue_size=self.cfg.batch_prompts,
                                  **setup.rollout_replicas(self.rcfg))
-        self.eval_runner = self.rollouts.evaluator(config.seed + EVAL_SEED_OFFSET)
+        self.eval_runner = self.rollouts.evaluator(eval_seed(config))  # their own seed stream
 
     # -- what the loop checkpoints --
     def arrays(self) -> dict:
