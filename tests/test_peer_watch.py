@@ -124,8 +124,8 @@ def run_two(tmp_path, victim: int, timeout_s: float = 4.0, how: str = "kill"):
     from mercury_jax.bench.local_processes import free_port
 
     workdir = tmp_path / "run"
-    (workdir / "sao" / "checkpoints" / "3").mkdir(parents=True)
-    (workdir / "sao" / "checkpoints" / "6.orbax-checkpoint-tmp-1").mkdir()
+    (workdir / "sao" / "checkpoints" / "3" / "arrays").mkdir(parents=True)  # committed: it holds an array item
+    (workdir / "sao" / "checkpoints" / "6.orbax-checkpoint-tmp-1" / "arrays").mkdir(parents=True)
     port, procs = free_port(), []
     for i in range(2):
         env = {**os.environ, "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": "2",

@@ -30,8 +30,8 @@ from flax import nnx
 
 from mercury_jax.chat import SentencePieceTokenizer, qwen35_tokenizer
 from mercury_jax.train.checkpoint_faults import describe, named_file
-from mercury_jax.train.checkpoint_roles import ROLE_ITEM_PREFIX, is_arrays_item
-from mercury_jax.train.rundir import POLICY_ARRAYS, STAGES, RunDir
+from mercury_jax.train.checkpoint_roles import ROLE_ITEM_PREFIX
+from mercury_jax.train.rundir import POLICY_ARRAYS, STAGES, RunDir, checkpoint_steps
 from mercury_jax.train.setup import build_model, model_runtime
 from models.qwen35_moe import Qwen35MoeConfig, Qwen35MoeForCausalLM
 
@@ -51,15 +51,6 @@ def eval_seed(config: ml_collections.ConfigDict) -> int:
 def save_run_config(config: ml_collections.ConfigDict, workdir: str | os.PathLike):
     """Write the run's config to `workdir/config.json` (process 0 only), for tools that rebuild the run's model."""
     return RunDir(workdir).write_config(config)
-
-
-def checkpoint_steps(checkpoint_dir: str | os.PathLike) -> list[int]:
-    """The finished (committed) checkpoint steps of an Orbax checkpoint directory, ascending."""
-    checkpoint_dir = epath.Path(checkpoint_dir)
-    if not checkpoint_dir.is_dir():
-        return []
-    return sorted(int(p.name) for p in checkpoint_dir.iterdir()
-                  if p.name.isdigit() and any(is_arrays_item(q.name) for q in p.iterdir()))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,11 +27,23 @@ import ml_collections
 from etils import epath
 
 from mercury_jax.parallel.distributed import is_primary
+from mercury_jax.train.checkpoint_roles import is_arrays_item
 
 STAGES = ("sft", "sao", "grpo")
 # Where the policy's arrays sit inside each stage's checkpoint (what the loop saves as `algorithm.arrays()`).
 POLICY_ARRAYS = {"sao": (("actor", "params"), ("actor", "frozen")), "sft": (("params",), ("frozen",)),
                  "grpo": (("actor", "params"), ("actor", "frozen"))}
+
+
+def checkpoint_steps(checkpoint_dir: str | os.PathLike) -> list[int]:
+    """The committed checkpoint steps of an Orbax checkpoint directory, ascending: Orbax writes a step under a
+    temporary name and renames it to the bare number when it is complete; a step counts once it holds an array item
+    (`checkpoint_roles.is_arrays_item`)."""
+    checkpoint_dir = checkpoint_dir if isinstance(checkpoint_dir, epath.Path) else as_path(checkpoint_dir)
+    if not checkpoint_dir.is_dir():
+        return []
+    return sorted(int(p.name) for p in checkpoint_dir.iterdir()
+                  if p.name.isdigit() and any(is_arrays_item(q.name) for q in p.iterdir()))
 
 
 def as_path(location: str | os.PathLike) -> epath.Path:
@@ -110,15 +122,12 @@ class RunDir:
         return ml_collections.ConfigDict(json.loads(self.config.read_text()))
 
     def committed_checkpoints(self) -> dict[str, list[int]]:
-        """The committed checkpoint steps of each stage that has any (Orbax writes a step under a temporary name and
-        renames it to the bare number when it is complete), read from the files alone."""
+        """The committed checkpoint steps (`checkpoint_steps`) of each stage that has any, from the files alone."""
         found = {}
         for name in STAGES:
-            folder = self.root / name / "checkpoints"
-            if folder.exists():
-                steps = sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
-                if steps:
-                    found[name] = steps
+            steps = checkpoint_steps(self.root / name / "checkpoints")
+            if steps:
+                found[name] = steps
         return found
 
     def describe_checkpoints(self) -> str:
