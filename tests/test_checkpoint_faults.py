@@ -1,8 +1,8 @@
 """Checkpoints that fail safely (issue #34 items 2 and 3): a damaged newest step is skipped on resume (the run
 continues from the newest step that restores, bit for bit as if it had stopped there), nothing restorable is one
-named error that renames nothing, export names a damaged step as an `ExportError`, and a save that hits a write
-error (EFBIG from `RLIMIT_FSIZE`, a real OS error in tensorstore's write path) stops the run with
-`CheckpointSaveError` naming the step and the last committed step.
+named error that renames nothing, export names a damaged step (a `RunReadError`) and an older one, and a save
+that hits a write error (EFBIG from `RLIMIT_FSIZE`, a real OS error in tensorstore's write path) stops the run
+with `CheckpointSaveError` naming the step and the last committed step.
 
 The state is one small array (`Summing`: step s adds s to it), saved by the real `run_loop` and Orbax.
 """
@@ -20,10 +20,12 @@ import ml_collections
 import numpy as np
 import pytest
 from flax import nnx
+from safetensors import safe_open
 
-from mercury_jax.export import ExportError, export_run, save_run_config
+from mercury_jax.export import export_run
 from mercury_jax.train.checkpoints import Checkpointer, CheckpointRestoreError, CheckpointSaveError
 from mercury_jax.train.loop import Cadence, StepResult, run_loop
+from mercury_jax.train.run_reader import RunReader, RunReadError, save_run_config
 from mercury_jax.train.rundir import RunDir
 
 SIZE = 4096  # random float32 values in the state: its compressed data file (~6 KB) exceeds FILE_LIMIT, the JSON
@@ -144,30 +146,38 @@ def test_a_state_that_fits_no_step_renames_none_of_them(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ export
 def test_export_of_a_truncated_checkpoint_names_the_step_the_file_and_an_older_step(tmp_path, monkeypatch):
-    """A small policy (one 64x64 Linear: its kernel is a data file of its own; OCDBT keeps tiny arrays inline in its
-    index) in the SAO layout; `abstract_policy` is stubbed to that module so that no tokenizer or Qwen model is
-    built (the read is what is under test)."""
-    from mercury_jax import export
+    """A tiny Qwen3.5-MoE policy in the SAO layout; `RunReader.abstract_policy` is stubbed to that model so that no
+    tokenizer is built (the read is what is under test). The export streams, so the damaged data file is found when
+    the first array in it is read, before the export directory is swapped in."""
+    from models.qwen35_moe import Qwen35MoeForCausalLM
+    from models.qwen35_moe import config as C
 
     def policy():
-        return nnx.Linear(64, 64, rngs=nnx.Rngs(0))
+        return Qwen35MoeForCausalLM(C.tiny(vocab_size=64, num_hidden_layers=2, full_attention_interval=2),
+                                    rngs=nnx.Rngs(0))
 
-    monkeypatch.setattr(export, "abstract_policy", lambda config, workdir: nnx.eval_shape(policy))
-    save_run_config(ml_collections.ConfigDict({"pipeline": "sao", "model": {"hf_path": ""}}), tmp_path)
+    monkeypatch.setattr(RunReader, "abstract_policy", lambda self: nnx.eval_shape(policy))
+    save_run_config(ml_collections.ConfigDict({"pipeline": "sao", "model": {"hf_path": ""},
+                                               "tokenizer": {"kind": "qwen35"}}), tmp_path)
     _, params = nnx.split(policy(), nnx.Param)
     checkpointer = Checkpointer(RunDir(tmp_path).stage("sao").checkpoints, save_every=1, keep=10, async_save=False)
     for step in (1, 2):
         checkpointer.save(step, {"actor": {"params": params, "frozen": {}}}, {"step": step})
     checkpointer.close()
     _truncate_largest_data_file(tmp_path / "sao" / "checkpoints" / "2")
-    expected = (r"^sao checkpoint step 2 cannot be exported: \S+/sao/checkpoints/2/arrays cannot be read \(ValueError: "
-                r"OUT_OF_RANGE: Error reading \"actor\.params\.kernel\.value/0\.0\" .*\); the save was interrupted or "
-                r"the checkpoint was damaged; export an older step with --step 1 \(available steps: \[1, 2\]\)$")
-    with pytest.raises(ExportError, match=expected):
-        export_run(tmp_path, tmp_path / "out")
-    model, stage, step = export.restore_policy(tmp_path, step=1)  # the fix the message names works
+    expected = (r"^sao checkpoint step 2 cannot be read: \S+/sao/checkpoints/2/arrays cannot be read \(ValueError: "
+                r"OUT_OF_RANGE: Error reading \"actor\.params\.\S+\.value/[0-9.]+\" .*\); the save was interrupted "
+                r"or the checkpoint was damaged; use an older step, --step 1 \(available steps: \[1, 2\]\)$")
+    out = tmp_path / "out"
+    with pytest.raises(RunReadError, match=expected):
+        export_run(tmp_path, out)
+    assert not out.exists() and not list(tmp_path.glob(".out.*"))  # nothing half-written is left
+    export_run(tmp_path, out, step=1, dtype="float32")  # the fix the message names works
+    model, stage, step = RunReader(tmp_path).restore_policy(step=1)
     assert (stage, step) == ("sao", 1)
-    np.testing.assert_array_equal(model.kernel[...], params["kernel"][...])
+    with safe_open(out / "model.safetensors", "numpy") as exported:
+        np.testing.assert_array_equal(exported.get_tensor("model.language_model.embed_tokens.weight"),
+                                      params["model"]["embed"][...])
 
 
 # ------------------------------------------------------------------------------------------------ saves

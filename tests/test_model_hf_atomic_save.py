@@ -112,15 +112,15 @@ def test_a_failed_save_leaves_the_old_export_and_no_staging(models, weight_sets,
     target = tmp_path / "exports" / "model"
     save_hf(models[0], target, **SAVE_KWARGS)
 
-    all_tensors = hf.hf_tensors
+    all_tensors = hf.hf_tensor_stream
 
-    def half_then_fail(model, **kwargs):
-        for i, item in enumerate(all_tensors(model, **kwargs)):
+    def half_then_fail(*args, **kwargs):
+        for i, item in enumerate(all_tensors(*args, **kwargs)):
             if i == 20:
                 raise OSError("disk full")
             yield item
 
-    monkeypatch.setattr(hf, "hf_tensors", half_then_fail)
+    monkeypatch.setattr(hf, "hf_tensor_stream", half_then_fail)
     with pytest.raises(OSError, match="disk full"):
         save_hf(models[1], target, **SAVE_KWARGS)
     assert _leftovers(target) == []

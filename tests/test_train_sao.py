@@ -2,8 +2,8 @@
 
 One uninterrupted tiny run (3 steps: 1 critic-only, then 2 with policy updates; rollout / actor / critic on 4 / 2 /
 2 devices, a checkpoint every step) serves most tests; its checkpoints are read back with
-`mercury_jax.export.read_checkpoint_arrays`. The tiny policy after 2 SFT steps earns reward 0 on every task, which
-makes every advantage, value target and gradient 0 (nothing would move, and every test below would pass
+`mercury_jax.train.run_reader.read_checkpoint_arrays`. The tiny policy after 2 SFT steps earns reward 0 on every
+task, which makes every advantage, value target and gradient 0 (nothing would move, and every test below would pass
 vacuously); so the runs inject (`rollouts.Seams`) a synthetic, deterministic reward of their action tokens and an
 engine that records the weights the trainer publishes to it.
 """
@@ -22,18 +22,12 @@ import torch
 from flax import nnx
 
 from experiments.sao import get_config
-from mercury_jax.export import (
-    ExportError,
-    export_run,
-    load_run_config,
-    read_checkpoint_arrays,
-    run_tokenizer,
-    save_run_config,
-)
+from mercury_jax.export import export_run
 from mercury_jax.export import main as export_main
 from mercury_jax.rollout.engine import Engine
 from mercury_jax.train import setup
 from mercury_jax.train.rollouts import Seams
+from mercury_jax.train.run_reader import RunReader, RunReadError, read_checkpoint_arrays, save_run_config
 from mercury_jax.train.rundir import RunDir
 from mercury_jax.train.sao import Sao, run_sao
 from mercury_jax.train.validate import ConfigError, validate_config
@@ -211,7 +205,7 @@ def test_runners_take_the_behaviour_section_of_the_config(full_run, tmp_path):
     assert expected != BehaviourConfig(turn_budget_strength=0.25)  # :tiny also turns the malformed-calls factor on
     assert setup.behaviour(config) == expected
     # without an injected reward the trainer's train and held-out runners pay with the config's behaviour
-    tokenizer = run_tokenizer(config, full_run["workdir"])
+    tokenizer = RunReader(full_run["workdir"]).tokenizer()
     sao = Sao(config, setup.build_model(config.model, tokenizer.vocab_size, 0), tokenizer,
               RunDir(tmp_path).stage("sao"))
     assert sao.rollouts.runner.reward.behaviour == expected and sao.eval_runner.reward.behaviour == expected
@@ -276,15 +270,15 @@ def test_fp32_export_of_a_trained_run_matches_in_transformers(full_run, tmp_path
 
 @pytest.mark.slow
 def test_export_names_available_steps_and_stages(full_run, tmp_path):
-    with pytest.raises(ExportError, match=r"step 99 does not exist .* available steps: \[1, 2, 3\]"):
+    with pytest.raises(RunReadError, match=r"step 99 does not exist .* available steps: \[1, 2, 3\]"):
         export_run(full_run["workdir"], tmp_path / "x", step=99)
     sft = export_run(full_run["workdir"], tmp_path / "sft", stage="sft", dtype="float32")
     assert (sft / "model.safetensors").exists()
     bare = tmp_path / "bare"
-    with pytest.raises(ExportError, match="config.json does not exist"):
+    with pytest.raises(RunReadError, match="config.json does not exist"):
         export_run(bare, tmp_path / "y")
     save_run_config(tiny_sao_config(1), bare)
-    with pytest.raises(ExportError, match="no sao checkpoint in"):
+    with pytest.raises(RunReadError, match="no sao checkpoint in"):
         export_run(bare, tmp_path / "y")
 
 
@@ -295,7 +289,7 @@ def test_checkpoint_arrays_read_from_a_relative_path(full_run, monkeypatch, tmp_
     monkeypatch.chdir(workdir.parent)  # `python -m mercury_jax.sweep --workdir runs/x` passes relative paths
     got = read_checkpoint_arrays(Path(workdir.name) / "sao" / "checkpoints" / "1" / "arrays", ("actor", "params"))
     assert got.keys() == expected.keys() and all(np.array_equal(got[k], expected[k]) for k in expected)
-    with pytest.raises(ExportError, match="holds no readable Orbax checkpoint item"):
+    with pytest.raises(RunReadError, match="holds no readable Orbax checkpoint item"):
         read_checkpoint_arrays(tmp_path, ("actor",))
 
 
@@ -303,7 +297,7 @@ def test_run_config_round_trips_through_the_workdir(tmp_path):
     config = tiny_sao_config(7)
     path = save_run_config(config, tmp_path)
     assert path == tmp_path / "config.json"
-    assert load_run_config(tmp_path).to_dict() == config.to_dict()
+    assert RunReader(tmp_path).config.to_dict() == config.to_dict()
 
 
 # ------------------------------------------------------------------------------------------------ fail fast

@@ -10,8 +10,10 @@ range; here: the expert count against the checkpoint, then shapes, dtypes, NaN/i
 
 Export writes the released text-only layout: a composite `config.json`, `model.language_model.*` +
 `lm_head.weight`, sharded safetensors with an index; `A_log` and the GDN norm weight stay fp32 unless
-`round_fp32_tensors=True`. It replaces an existing export atomically (`atomic_dir`): a reader finds the old export
-or the new one, whole, whatever instant the writer is killed at.
+`round_fp32_tensors=True`. It streams: each HF tensor is built from our arrays when it is next (`hf_tensors`, from
+a model or any `ArraySource`, e.g. an Orbax checkpoint) and written into its shard (`safetensors_shards`), so host
+memory holds about one tensor, not a shard or the model. It replaces an existing export atomically (`atomic_dir`):
+a reader finds the old export or the new one, whole, whatever instant the writer is killed at.
 """
 from __future__ import annotations
 
@@ -30,7 +32,6 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from flax import nnx
-from safetensors.numpy import save_file
 
 from mercury_jax.parallel.sharding import DEFAULT_RULES, variable_sharding
 from models.qwen35_moe.atomic_dir import committed_dir, replace_directory
@@ -48,18 +49,18 @@ from models.qwen35_moe.checkpoint_errors import (
 )
 from models.qwen35_moe.checkpoint_reader import INDEX_NAME, CheckpointReader, check_file
 from models.qwen35_moe.config import Qwen35MoeConfig
-from models.qwen35_moe.hf_layout import TensorSpec, experts_hf_tensors, gdn_fused_tensors, layer_specs, top_specs
+from models.qwen35_moe.hf_layout import TensorSpec, layer_specs, top_specs
+from models.qwen35_moe.hf_tensors import EXPORT_PREFIX, ArraySource, hf_tensor_stream, model_arrays
 from models.qwen35_moe.model import Qwen35MoeForCausalLM
+from models.qwen35_moe.safetensors_shards import ShardedSafetensors
 
 __all__ = ["BadConfigValue", "CheckpointDtypeError", "CheckpointError", "CheckpointReader", "CorruptShardError",
            "DuplicateTensorError", "MissingShardError", "NonFiniteWeightError", "ShardIndexError", "ShardPathError",
-           "SymlinkLoopError", "hf_tensors", "load_hf", "save_hf"]
+           "SymlinkLoopError", "hf_tensors", "load_hf", "save_hf", "write_hf"]
 
 log = logging.getLogger(__name__)
 
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors dtype codes a weight may be stored in
-FP32_TENSOR_SUFFIXES = ("linear_attn.A_log", "linear_attn.norm.weight")
-EXPORT_PREFIX = "model.language_model."
 # What an export writes (replaced on overwrite); other entries of an existing export directory are kept. The last
 # pattern is the temporary shard name of earlier, non-atomic versions of `save_hf`.
 EXPORT_FILE_PATTERNS = ("model*.safetensors", INDEX_NAME, "config.json", "model-part-*.safetensors.tmp")
@@ -265,51 +266,10 @@ def _parse_size(size: int | str) -> int:
     return int(float(match.group(1)) * scale)
 
 
-def _model_layer_arrays(model: Qwen35MoeForCausalLM) -> Iterator[tuple[int, dict]]:
-    """(layer index, nested dict of numpy arrays of that layer in our layout), one layer at a time."""
-    cfg = model.config
-    pattern, n_blocks, tail = cfg.block_layout()
-    if n_blocks:
-        block_state = nnx.state(model.model.blocks)
-        for j in range(len(pattern)):
-            layer_state = nnx.to_pure_dict(block_state["layers"][j])
-            host = jax.tree.map(lambda a: np.asarray(jax.device_get(a)), layer_state)
-            for b in range(n_blocks):
-                yield b * len(pattern) + j, jax.tree.map(lambda a, b=b: a[b], host)
-    for k, layer in enumerate(model.model.tail):
-        yield n_blocks * len(pattern) + k, jax.tree.map(lambda a: np.asarray(jax.device_get(a)),
-                                                        nnx.to_pure_dict(nnx.state(layer)))
-
-
-def _get(tree: dict, path: tuple) -> np.ndarray:
-    for key in path:
-        tree = tree[key]
-    return tree
-
-
 def hf_tensors(model: Qwen35MoeForCausalLM, *, experts: str = "fused", prefix: str = EXPORT_PREFIX
                ) -> Iterator[tuple[str, np.ndarray]]:
-    """Every HF tensor of the model (name, array in the param dtype), layer by layer."""
-    cfg = model.config
-    top_state = {"model": {"embed": np.asarray(model.model.embed[...]),
-                           "final_norm": {"weight": np.asarray(model.model.final_norm.weight[...])}}}
-    if not cfg.tie_word_embeddings:
-        top_state["lm_head"] = np.asarray(model.lm_head[...])
-    for spec in top_specs(cfg):
-        for name, array in spec.write(_get(top_state, spec.path)).items():
-            yield (name[1:] if name.startswith("/") else prefix + name), array
-    del top_state
-    for layer, arrays in sorted(_model_layer_arrays(model), key=lambda item: item[0]):
-        layer_prefix = f"{prefix}layers.{layer}."
-        for spec in layer_specs(cfg, cfg.layer_types[layer], experts):
-            if spec.write is not None:
-                for name, array in spec.write(_get(arrays, spec.path)).items():
-                    yield layer_prefix + name, array
-        if "A_log" in arrays["mixer"]:
-            for name, array in gdn_fused_tensors(cfg, arrays["mixer"]).items():
-                yield layer_prefix + name, array
-        for name, array in experts_hf_tensors(cfg, arrays["moe"], experts).items():
-            yield layer_prefix + name, array
+    """Every HF tensor of the model (name, array in the param dtype), layer by layer, one at a time."""
+    return hf_tensor_stream(model.config, model_arrays(model), experts=experts, prefix=prefix)
 
 
 def save_hf(model: Qwen35MoeForCausalLM, path: str | Path, *, dtype=jnp.bfloat16, experts: str = "fused",
@@ -325,6 +285,16 @@ def save_hf(model: Qwen35MoeForCausalLM, path: str | Path, *, dtype=jnp.bfloat16
     its old weights, index and config are replaced. `extra_files` (file name -> text, bytes, or a `Path` to copy)
     are written inside the same swap, e.g. tokenizer files and a chat template. One writer per `path` at a time.
     """
+    return write_hf(model.config, model_arrays(model), path, dtype=dtype, experts=experts,
+                    max_shard_size=max_shard_size, round_fp32_tensors=round_fp32_tensors, composite=composite,
+                    extra_files=extra_files)
+
+
+def write_hf(cfg: Qwen35MoeConfig, read: ArraySource, path: str | Path, *, dtype=jnp.bfloat16, experts: str = "fused",
+             max_shard_size: int | str = "5GB", round_fp32_tensors: bool = False, composite: bool = True,
+             extra_files: dict[str, str | bytes | Path] | None = None) -> Path:
+    """`save_hf` of the model `cfg` whose parameters `read` gives (`hf_tensors.ArraySource`), tensor by tensor:
+    host memory holds one HF tensor (and the arrays it is built from) and a copy buffer, never a shard."""
     extra_files = dict(extra_files or {})
     for name in extra_files:
         if Path(name).name != name or name in ("", ".", "..") or not _is_kept(name):
@@ -334,11 +304,14 @@ def save_hf(model: Qwen35MoeForCausalLM, path: str | Path, *, dtype=jnp.bfloat16
     np_dtype = np.dtype(ml_dtypes.bfloat16) if jnp.dtype(dtype) == jnp.bfloat16 else np.dtype(jnp.dtype(dtype).name)
     prefix = EXPORT_PREFIX if composite else "model."
     dtype_name = "bfloat16" if np_dtype == np.dtype(ml_dtypes.bfloat16) else np_dtype.name
-    config = model.config.to_hf(composite=composite, dtype=dtype_name)
+    config = cfg.to_hf(composite=composite, dtype=dtype_name)
 
     with replace_directory(path, keep_old=lambda name: _is_kept(name) and name not in extra_files) as staging:
-        _write_export(model, staging, np_dtype=np_dtype, experts=experts, prefix=prefix, limit=limit,
-                      round_fp32_tensors=round_fp32_tensors)
+        with ShardedSafetensors(staging, limit) as shards:
+            for name, array in hf_tensor_stream(cfg, read, experts=experts, prefix=prefix, dtype=np_dtype,
+                                                round_fp32_tensors=round_fp32_tensors):
+                shards.add(name, array)
+                del array  # the next tensor is built without this one alive
         (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         for name, content in extra_files.items():
             if isinstance(content, Path):
@@ -351,38 +324,3 @@ def save_hf(model: Qwen35MoeForCausalLM, path: str | Path, *, dtype=jnp.bfloat16
 def _is_kept(name: str) -> bool:
     """Whether an entry of an existing export directory survives an overwrite (save_hf does not write it)."""
     return not any(fnmatch(name, pattern) for pattern in EXPORT_FILE_PATTERNS)
-
-
-def _write_export(model: Qwen35MoeForCausalLM, out: Path, *, np_dtype, experts: str, prefix: str, limit: int,
-                  round_fp32_tensors: bool) -> None:
-    """Shards (and an index when there are several) into the empty directory `out`."""
-    # Shards are written as they fill (host memory holds one shard), then renamed once their count is known.
-    parts: list[tuple[Path, list[str]]] = []
-    current: dict[str, np.ndarray] = {}
-    current_bytes = total = 0
-
-    def flush():
-        part = out / f"model-part-{len(parts) + 1:05d}.safetensors.tmp"
-        save_file(current, str(part), metadata={"format": "pt"})
-        parts.append((part, list(current)))
-
-    for name, array in hf_tensors(model, experts=experts, prefix=prefix):
-        target = np.float32 if (name.endswith(FP32_TENSOR_SUFFIXES) and not round_fp32_tensors) else np_dtype
-        array = np.ascontiguousarray(array.astype(target))
-        if current and current_bytes + array.nbytes > limit:
-            flush()
-            current, current_bytes = {}, 0
-        current[name] = array
-        current_bytes += array.nbytes
-        total += array.nbytes
-    flush()
-    if len(parts) == 1:
-        parts[0][0].rename(out / "model.safetensors")
-        return
-    weight_map = {}
-    for i, (part, names) in enumerate(parts):
-        file = f"model-{i + 1:05d}-of-{len(parts):05d}.safetensors"
-        part.rename(out / file)
-        weight_map.update({name: file for name in names})
-    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    (out / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")

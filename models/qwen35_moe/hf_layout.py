@@ -12,7 +12,7 @@ tensors it comes from, `read` (HF tensors -> ours, through a reader that can fet
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -160,20 +160,29 @@ def moe_specs(cfg: Qwen35MoeConfig, experts_layout: str) -> list[TensorSpec]:
     return specs
 
 
-def experts_hf_tensors(cfg: Qwen35MoeConfig, moe: dict[str, np.ndarray], experts_layout: str) -> dict:
-    """Our [E, H, I] gate/up and [E, I, H] down -> HF fused or unfused expert tensors."""
-    gate, up, down = moe["expert_gate"], moe["expert_up"], moe["expert_down"]
+def experts_hf_tensors(cfg: Qwen35MoeConfig, fetch: Callable[[str], np.ndarray], experts_layout: str
+                       ) -> Iterator[tuple[str, np.ndarray]]:
+    """Our [E, H, I] gate/up and [E, I, H] down (`fetch("expert_gate")`, ...) -> HF fused or unfused expert
+    tensors, one at a time. Fused, `gate_up_proj` is filled from gate then up, so at most the fused tensor and
+    one of ours are held at once."""
     if experts_layout == "fused":
-        return {"mlp.experts.gate_up_proj": np.ascontiguousarray(np.concatenate([gate, up], axis=2).transpose(0, 2, 1)),
-                "mlp.experts.down_proj": np.ascontiguousarray(down.transpose(0, 2, 1))}
+        gate = fetch("expert_gate")
+        num_experts, hidden, inter = gate.shape
+        gate_up = np.empty((num_experts, 2 * inter, hidden), gate.dtype)
+        gate_up[:, :inter] = gate.transpose(0, 2, 1)
+        del gate
+        gate_up[:, inter:] = fetch("expert_up").transpose(0, 2, 1)
+        yield "mlp.experts.gate_up_proj", gate_up
+        del gate_up
+        yield "mlp.experts.down_proj", np.ascontiguousarray(fetch("expert_down").transpose(0, 2, 1))
+        return
     if experts_layout != "unfused":
         raise ValueError(f"experts must be 'fused' or 'unfused', got {experts_layout!r}")
-    out = {}
+    gate, up, down = fetch("expert_gate"), fetch("expert_up"), fetch("expert_down")
     for e in range(gate.shape[0]):
-        out[f"mlp.experts.{e}.gate_proj.weight"] = np.ascontiguousarray(gate[e].T)
-        out[f"mlp.experts.{e}.up_proj.weight"] = np.ascontiguousarray(up[e].T)
-        out[f"mlp.experts.{e}.down_proj.weight"] = np.ascontiguousarray(down[e].T)
-    return out
+        yield f"mlp.experts.{e}.gate_proj.weight", np.ascontiguousarray(gate[e].T)
+        yield f"mlp.experts.{e}.up_proj.weight", np.ascontiguousarray(up[e].T)
+        yield f"mlp.experts.{e}.down_proj.weight", np.ascontiguousarray(down[e].T)
 
 
 def layer_specs(cfg: Qwen35MoeConfig, layer_type: str, experts_layout: str) -> list[TensorSpec]:
