@@ -15,7 +15,8 @@ layouts, from the arrays' shardings alone (the same answer on every process):
   fetched to every process and process 0 writes them as one `arrays` item. That costs a host copy of the whole
   state, which a learner within one host has room for.
 
-The items are ordinary Orbax PyTree items: `export.read_checkpoint_arrays` reads either form.
+The items are ordinary Orbax PyTree items: `run_reader.read_checkpoint_arrays` and the export
+(`checkpoint_tensors.py`) read either form.
 """
 from __future__ import annotations
 
