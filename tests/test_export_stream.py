@@ -1,8 +1,8 @@
 """The streaming HF export of a run (`mercury_jax.export`): the same files, byte for byte, as the export before it
 streamed (`bench.export_rss.export_in_memory`: the policy restored whole as host arrays, shards built in memory and
 written by `save_file`), in bf16 and fp32, fused and unfused, in one file and in several shards; from a run given
-as a `file://` URL; from a role item (`arrays_actor`); reading a scanned stack one layer's row at a time; and a
-checkpoint that does not fit the run's model refused before anything is written.
+as a `file://` URL; from a role item (`arrays_actor`, also as 5 processes write it); reading a scanned stack one
+layer's row at a time; and a checkpoint that does not fit the run's model refused before anything is written.
 
 The run: a tiny Qwen3.5-MoE (2 scanned (GDN, attention) blocks + a GDN tail layer) started from `model.hf_path`
 (config.json and a tokenizer file there, no tokenizer to train), its policy saved as the trainers save it
@@ -14,18 +14,21 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from etils import epath
 from flax import nnx
 
 from experiments import common
 from mercury_jax.bench.export_rss import directories_identical, export_in_memory
+from mercury_jax.bench.local_processes import run_reporting_script
 from mercury_jax.export import ExportError, export_run, main
-from mercury_jax.train.checkpoint_tensors import CheckpointTensors
+from mercury_jax.train.checkpoint_tensors import CheckpointTensors, stored_arrays
 from mercury_jax.train.checkpoints import Checkpointer
-from mercury_jax.train.run_reader import RunReader, RunReadError, save_run_config
+from mercury_jax.train.run_reader import PolicyItem, RunReader, RunReadError, read_checkpoint_arrays, save_run_config
 from models.qwen35_moe import Qwen35MoeForCausalLM
 from models.qwen35_moe import config as C
 from models.qwen35_moe.hf import write_hf
@@ -114,6 +117,26 @@ def test_a_role_item_checkpoint_exports_like_the_arrays_item(run, tmp_path):
     weights = [p.name for p in plain.iterdir() if p.name != "mercury_export.json"]
     assert len(weights) > 5
     assert all((ours / name).read_bytes() == (plain / name).read_bytes() for name in weights)
+
+
+@pytest.mark.slow
+def test_role_items_written_by_several_processes_read_whole_and_by_row(tmp_path):
+    """Role items as a pod saves them (tests/multihost_checkpoint_worker.py on 5 processes: each role's shards in
+    the `ocdbt.process_N` stores of its hosts) read like Orbax's own restore reads them."""
+    checkpoints = tmp_path / "checkpoints"
+    run_reporting_script(Path(__file__).with_name("multihost_checkpoint_worker.py"), processes=5,
+                         args=(str(checkpoints),))
+    for item in ("arrays_actor", "arrays_critic"):
+        directory = epath.Path(checkpoints / "2" / item)
+        assert len(list(directory.glob("ocdbt.process_*"))) == 2
+        arrays = stored_arrays(PolicyItem(directory, ()))
+        tensors = CheckpointTensors(arrays, unreadable=lambda error: error)
+        expected = read_checkpoint_arrays(directory)
+        assert set(arrays) == set(expected) and ("w",) in arrays
+        for name, array in expected.items():
+            np.testing.assert_array_equal(tensors(name, None, None), array)
+            if array.ndim:
+                np.testing.assert_array_equal(tensors(name, 1, None), array[1])
 
 
 def test_scanned_stacks_are_read_one_row_at_a_time(run, tmp_path):
