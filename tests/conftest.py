@@ -43,8 +43,8 @@ def persistent_compilation_cache(tmp_path_factory):
 # on one worker at the end.
 LONGEST_FIRST = ("test_multihost_train.py", "test_multihost_async.py", "test_train_reliability.py",
                  "test_rollout_replica_worker.py", "test_train_sao.py", "test_rollout_replicas.py",
-                 "test_train_grpo.py", "test_sweep_layout.py", "test_microbatch.py", "test_moe_ep.py", "test_model_hf_parity.py",
-                 "test_train_injected.py", "test_bench_pod.py")
+                 "test_train_grpo.py", "test_sweep_layout.py", "test_export_stream.py", "test_microbatch.py",
+                 "test_moe_ep.py", "test_model_hf_parity.py", "test_train_injected.py", "test_bench_pod.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -23,14 +23,7 @@ import tensorstore as ts
 from etils import epath
 from flax import nnx
 
-from mercury_jax.train.run_reader import (
-    PolicyItem,
-    RunReader,
-    RunReadError,
-    _damaged,  # the reader's one wording of a damaged item; no public name for it in run_reader yet
-    item_tree,
-    leaf_name,
-)
+from mercury_jax.train.run_reader import PolicyItem, RunReader, RunReadError, damaged_item, item_tree, leaf_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,11 +84,7 @@ class CheckpointTensors:
         wanted = {tuple(str(k) for k in path): variable for path, variable in nnx.to_flat_state(nnx.state(model))}
 
         def unreadable(error: RunReadError) -> RunReadError:
-            steps = reader.steps(stage)
-            older = [s for s in steps if s < step]
-            fix = (f"use an older step, --step {older[-1]} (available steps: {steps})" if older else
-                   "no older step exists; rerun the training")
-            return RunReadError(f"{stage} checkpoint step {step} cannot be read: {error}; {fix}")
+            return reader.unreadable_step(stage, step, error)
 
         arrays, item = {}, None
         try:
@@ -120,7 +109,7 @@ class CheckpointTensors:
         """Array `name` (row `index` of its leading axis unless None) as a host array in `dtype` (None: stored)."""
         array = self.arrays[name]
         try:
-            with _damaged(array.item):
+            with damaged_item(array.item):
                 store = self._store(name, array)
                 value = (store if index is None else store[index]).read().result()
         except RunReadError as error:

@@ -158,6 +158,14 @@ class RunReader:
                                                                                                keys))
         return items
 
+    def unreadable_step(self, stage: str, step: int, error: Exception) -> RunReadError:
+        """The error for checkpoint `step` that cannot be read: what failed, and the older step to use instead."""
+        steps = self.steps(stage)
+        older = [s for s in steps if s < step]
+        fix = (f"use an older step, --step {older[-1]} (available steps: {steps})" if older else
+               "no older step exists; rerun the training")
+        return RunReadError(f"{stage} checkpoint step {step} cannot be read: {error}; {fix}")
+
     # ------------------------------------------------------------------------------------------------ the model
     def abstract_policy(self) -> Qwen35MoeForCausalLM:
         """The run's policy with abstract (shape-only) parameters, built as `setup.build_model` builds it."""
@@ -187,10 +195,7 @@ class RunReader:
                 arrays.update(read_item_arrays(item, None if shardings is None else _restore_args(
                     wanted, shardings, dtype)))
         except RunReadError as error:
-            older = [s for s in self.steps(stage) if s < step]
-            fix = (f"use an older step, --step {older[-1]} (available steps: {self.steps(stage)})" if older else
-                   "no older step exists; rerun the training")
-            raise RunReadError(f"{stage} checkpoint step {step} cannot be read: {error}; {fix}") from None
+            raise self.unreadable_step(stage, step, error) from None
         where = os.fspath(item.directory) if item else os.fspath(self.checkpoints(stage) / str(step))
         for name, variable in wanted.items():
             if name not in arrays:
@@ -230,7 +235,7 @@ def _quiet_absl():
 
 
 @contextlib.contextmanager
-def _damaged(directory):
+def damaged_item(directory):
     """An Orbax/tensorstore failure to read `directory` (a truncated data file, a deleted manifest.ocdbt) as a
     `RunReadError` naming the file, in one line."""
     try:
@@ -252,7 +257,7 @@ def _absolute(directory) -> epath.Path:
 def item_tree(directory) -> dict:
     """The array metadata tree of an Orbax item (nested dicts of `ArrayMetadata`); RunReadError when unreadable."""
     directory = _absolute(directory)  # Orbax resolves a relative path against no directory of ours
-    with _quiet_absl(), _damaged(directory):  # an item directory has no step-level _CHECKPOINT_METADATA; Orbax
+    with _quiet_absl(), damaged_item(directory):  # an item directory has no step-level _CHECKPOINT_METADATA; Orbax
         metadata = ocp.PyTreeCheckpointer().metadata(directory) if directory.is_dir() else None  # warns otherwise
     if metadata is None or metadata.item_metadata is None:
         raise RunReadError(f"{os.fspath(directory)} holds no readable Orbax checkpoint item (no array metadata); the "
@@ -287,7 +292,7 @@ def read_item_arrays(item: PolicyItem, restore_args=None) -> dict[tuple[str, ...
         args = jax.tree_util.tree_map_with_path(lambda path, _: chosen[leaf_name(path)], part)
     for key in reversed(item.subtree):
         part, args = {key: part}, {key: args}
-    with _quiet_absl(), _damaged(directory):
+    with _quiet_absl(), damaged_item(directory):
         restored = ocp.PyTreeCheckpointer().restore(directory, args=ocp.args.PyTreeRestore(
             item=part, restore_args=args, partial_restore=True))
     for key in item.subtree:
