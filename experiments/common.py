@@ -7,11 +7,7 @@ is recorded in BENCHMARKS.md ("Tiny demo settings").
 """
 from __future__ import annotations
 
-import dataclasses
-
 import ml_collections
-
-from mercury_jax.envs.behaviour import BehaviourConfig
 
 VARIANTS = (None, "", "tiny")
 
@@ -80,8 +76,16 @@ def world_config(name: str = "enterprise") -> ml_collections.ConfigDict:
 
 
 def behaviour_config() -> ml_collections.ConfigDict:
-    """The behaviour multiplier's strengths and thresholds (`mercury_jax.envs.behaviour.BehaviourConfig`)."""
-    return ml_collections.ConfigDict(dataclasses.asdict(BehaviourConfig()))
+    """The behaviour multiplier's strengths and thresholds, the released values (the fields of
+    `mercury_jax/envs/behaviour.py:BehaviourConfig`; docs/ENVIRONMENTS.md has what each factor does)."""
+    return ml_collections.ConfigDict(dict(
+        ngram=4, min_ngrams=8, repetition_threshold=0.3, repetition_strength=1.0,  # repeated word n-grams
+        runaway_strength=0.5, runaway_chars=200,          # turns, calls and text after the final answer
+        truncation_strength=0.5, truncation_in_think_strength=1.0,  # a budget stop (inside <think>: the whole)
+        turn_budget_strength=0.5,                         # the tool-turn budget ran out before an answer
+        collateral_strength=1.0,                          # per record the task said to leave alone that changed
+        malformed_strength=0.0,                           # per format error; off (the tiny SAO demo sets 0.25)
+    ))
 
 
 def mesh_config(roles: tuple[str, ...], **sizes) -> ml_collections.ConfigDict:

@@ -22,7 +22,6 @@ import ml_collections
 
 from experiments import common
 from experiments.sft import sft_config, tiny_sft
-from mercury_jax.envs.browse.stop_verifier import STOP_RULES
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -56,7 +55,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     g.pack_rows = True                   # continuations share rows (train/packing.py); empty micro-batches skipped
     g.actor_optimizer = ml_collections.ConfigDict(dict(lr=1e-6, warmup_steps=0, b1=0.9, b2=0.999, eps=1e-8,
                                                        weight_decay=0.0, grad_clip=1.0))
-    g.stop_rules = ml_collections.ConfigDict(dict(STOP_RULES))  # stop-verifier weights (stop_verifier.py)
+    # the stop-verifier's reward per outcome (mercury_jax/envs/browse/stop_verifier.py): only a correct, grounded
+    # stop and a continuation while the evidence is still insufficient earn reward
+    g.stop_rules = ml_collections.ConfigDict(dict(correct_stop=1.0, continue_insufficient=1.0, over_search=0.0,
+                                                  premature=0.0, ungrounded=0.0, wrong=0.0, malformed=0.0))
     g.pivots_path = "/data/browse/pivots.jsonl"  # "": build into WORKDIR/grpo/pivots.jsonl
     g.pivot_source = "policy"            # whose trajectories the pivots are cut from: "policy" or "oracle"
     g.pivot_kinds = ("just_sufficient", "one_step_before")
