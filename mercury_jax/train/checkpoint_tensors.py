@@ -23,7 +23,15 @@ import tensorstore as ts
 from etils import epath
 from flax import nnx
 
-from mercury_jax.train.run_reader import PolicyItem, RunReader, RunReadError, damaged_item, item_tree, leaf_name
+from mercury_jax.train.run_reader import (
+    PolicyItem,
+    RunReader,
+    RunReadError,
+    check_policy_arrays,
+    damaged_item,
+    item_tree,
+    leaf_name,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,16 +101,7 @@ class CheckpointTensors:
         except RunReadError as error:
             raise unreadable(error) from None
         where = os.fspath(item.directory) if item else os.fspath(reader.checkpoints(stage) / str(step))
-        for name, variable in wanted.items():
-            if name not in arrays:
-                raise RunReadError(f"{where} has no array for policy parameter {'.'.join(name)}; the run's "
-                                   f"config.json does not describe the model this checkpoint holds")
-            if arrays[name].shape != tuple(variable.shape):
-                raise RunReadError(f"{where}: {'.'.join(name)} has shape {arrays[name].shape}, the model from the "
-                                   f"run's config.json expects {tuple(variable.shape)}")
-        extra = sorted(set(arrays) - set(wanted))
-        if extra:
-            raise RunReadError(f"{where} holds policy arrays the rebuilt model lacks: {extra[:10]}")
+        check_policy_arrays(where, wanted, {name: array.shape for name, array in arrays.items()})
         return cls(arrays, unreadable)
 
     def __call__(self, name: tuple[str, ...], index: int | None, dtype) -> np.ndarray:

@@ -197,18 +197,26 @@ class RunReader:
         except RunReadError as error:
             raise self.unreadable_step(stage, step, error) from None
         where = os.fspath(item.directory) if item else os.fspath(self.checkpoints(stage) / str(step))
+        check_policy_arrays(where, wanted, {name: tuple(a.shape) for name, a in arrays.items()})
         for name, variable in wanted.items():
-            if name not in arrays:
-                raise RunReadError(f"{where} has no array for policy parameter {'.'.join(name)}; the run's "
-                                   f"config.json does not describe the model this checkpoint holds")
-            array = arrays.pop(name)
-            if tuple(array.shape) != tuple(variable.shape):
-                raise RunReadError(f"{where}: {'.'.join(name)} has shape {tuple(array.shape)}, the model from the "
-                                   f"run's config.json expects {tuple(variable.shape)}")
+            array = arrays[name]
             variable.set_value(np.asarray(array, dtype=variable.dtype) if shardings is None else array)
-        if arrays:
-            raise RunReadError(f"{where} holds policy arrays the rebuilt model lacks: {sorted(arrays)[:10]}")
         return nnx.merge(graphdef, nnx.from_flat_state(flat)), stage, step
+
+
+def check_policy_arrays(where: str, wanted: dict, shapes: dict) -> None:
+    """RunReadError unless the checkpoint's arrays (`shapes`: name -> shape, found in `where`) are exactly the
+    policy's parameters (`wanted`: name -> abstract variable), each with its shape."""
+    for name, variable in wanted.items():
+        if name not in shapes:
+            raise RunReadError(f"{where} has no array for policy parameter {'.'.join(name)}; the run's "
+                               f"config.json does not describe the model this checkpoint holds")
+        if tuple(shapes[name]) != tuple(variable.shape):
+            raise RunReadError(f"{where}: {'.'.join(name)} has shape {tuple(shapes[name])}, the model from the "
+                               f"run's config.json expects {tuple(variable.shape)}")
+    extra = sorted(set(shapes) - set(wanted))
+    if extra:
+        raise RunReadError(f"{where} holds policy arrays the rebuilt model lacks: {extra[:10]}")
 
 
 def _restore_args(wanted: dict, shardings, dtype):
