@@ -21,6 +21,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 
+from mercury_jax.parallel.distributed import local_meshes
 from mercury_jax.parallel.sharding import variable_sharding
 from mercury_jax.train.run_reader import RunReader
 
@@ -43,7 +44,8 @@ def restore_into_replicas(reader: RunReader, stage: str, step: int, meshes: Sequ
                                         shardings=lambda name, variable: variable_sharding(name, variable, union))
     _, state = nnx.split(model)
     if local is None:
-        local = [r for r, m in enumerate(meshes) if all(d.process_index == jax.process_index() for d in m.devices.flat)]
+        mine = local_meshes(meshes)  # the rule ReplicatedEngine drives its replicas by
+        local = [r for r, m in enumerate(meshes) if m in mine]
     return [jax.tree.map(lambda a, r=r: replica_view(a, meshes[r]), state) for r in local]
 
 
