@@ -33,8 +33,8 @@ import jax.numpy as jnp
 
 from mercury_jax.chat import BUILTIN_CHAT_TEMPLATE
 from mercury_jax.train.checkpoint_tensors import CheckpointTensors
+from mercury_jax.train.pipelines import STAGES
 from mercury_jax.train.run_reader import RunReader, RunReadError
-from mercury_jax.train.rundir import STAGES
 from models.qwen35_moe.hf import write_hf
 
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",

@@ -31,7 +31,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from mercury_jax.train import preemption  # noqa: E402  (SIGTERM: checkpoint the current step, then exit 143)
 from mercury_jax.train.environment import record_environment  # noqa: E402  (package versions of each start)
-from mercury_jax.train.pipelines import PIPELINES  # noqa: E402
+from mercury_jax.train.pipelines import pipeline  # noqa: E402
 from mercury_jax.train.resume import check_run_config  # noqa: E402  (a rerun resumes: it must be the same run)
 from mercury_jax.train.run_guard import run_guard  # noqa: E402  (the workdir lock and the peer watch)
 from mercury_jax.train.rundir import RunDir, is_local  # noqa: E402
@@ -47,7 +47,8 @@ flags.DEFINE_float(  # read by peer_watch.timeout_from_argv (before absl, for JA
     "(also MERCURY_PEER_TIMEOUT_S; JAX's own heartbeat timeout is set above it)")
 _RESUME_FORCE_CONFIG = flags.DEFINE_bool(
     "resume_force_config", False, "resume a workdir even though its config.json differs from this config in fields "
-    "that change shapes or data (model, tokenizer, world, seed, ...; train/resume.py RESUME_FIELDS)")
+    "that change shapes or data (model, tokenizer, world, seed, ...: each pipeline's resume fields, "
+    "train/pipelines.py)")
 
 
 def main(argv):
@@ -80,7 +81,7 @@ def main(argv):
         run.write_config(config)  # lets `mercury_jax.export` and the sweep rebuild the model
         record_environment(run)
         preemption.install()
-        PIPELINES[config.pipeline](config, run.root)
+        pipeline(config.pipeline).run(config, run.root)
 
 
 def _check_workdir(workdir: str) -> None:

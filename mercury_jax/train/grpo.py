@@ -296,3 +296,6 @@ def minibatch_rows(rows: int, minibatches: int, seed: int, step: int, epoch: int
         return [np.arange(rows)]
     order = np.random.default_rng([seed, step, epoch]).permutation(rows)
     return np.split(order, minibatches)
+
+
+run = run_grpo  # the pipeline's entry (train/pipelines.py)

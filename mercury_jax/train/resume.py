@@ -7,7 +7,8 @@ same run.
 - A resumed run replays the steps after its checkpoint, so rows logged after that step (e.g. an evaluation
   written just before a kill, its checkpoint never committed) are dropped first: `truncate_jsonl`.
 - A rerun in a workdir holds that run's state (checkpoints, tokenizer, datasets). `check_run_config` compares the
-  new config with the workdir's `config.json` on the fields that change shapes or data (`RESUME_FIELDS`) and
+  new config with the workdir's `config.json` on the fields that change shapes or data (`resume_fields`: the
+  common ones and the pipeline's own, registered in `pipelines.py`) and
   refuses a mismatch, naming each field, unless forced.
 """
 from __future__ import annotations
@@ -16,14 +17,18 @@ import json
 import os
 import warnings
 
+from mercury_jax.train.pipelines import COMMON_RESUME_FIELDS, PIPELINES
 from mercury_jax.train.rundir import RunDir, as_path, write_atomically
 
-# Fields (dotted prefixes) a resumed run must share with the run that wrote the checkpoints: they change the
-# parameters' shapes, the tokenizer, the tasks / states, or which data each step sees. Anything else (steps,
-# learning rates, cadences, devices, budgets) may change on a resume.
-RESUME_FIELDS = ("pipeline", "seed", "model", "tokenizer", "world", "oracle", "sft.enabled", "sft.row_length",
-                 "sft.batch_rows", "sao.batch_prompts", "grpo.batch_states", "grpo.group_size", "grpo.pivots_path",
-                 "grpo.pivot_source", "grpo.pivot_kinds", "grpo.pivot_tasks", "grpo.pivot_task_seed")
+
+def resume_fields(*pipeline_names: str) -> tuple[str, ...]:
+    """The fields (dotted prefixes) a resumed run must share with the run that wrote its checkpoints: the common
+    ones and each named pipeline's own (`pipelines.py`); an unknown name adds none."""
+    fields = COMMON_RESUME_FIELDS
+    for name in pipeline_names:
+        if name in PIPELINES:
+            fields += tuple(f for f in PIPELINES[name].resume_fields if f not in fields)
+    return fields
 
 
 class ResumeError(ValueError):
@@ -68,9 +73,12 @@ def truncate_jsonl(path: str | os.PathLike, last_step: int) -> list[dict]:
     return records
 
 
-def differing_fields(saved: dict, current: dict, fields: tuple[str, ...] = RESUME_FIELDS) -> dict:
+def differing_fields(saved: dict, current: dict, fields: tuple[str, ...] | None = None) -> dict:
     """{dotted field: (saved value, current value)} for every leaf under `fields` that differs (a field only one
-    side has counts as differing, a field neither has does not)."""
+    side has counts as differing, a field neither has does not). `fields`: the resume fields of both configs'
+    pipelines by default."""
+    if fields is None:
+        fields = resume_fields(str(saved.get("pipeline")), str(current.get("pipeline")))
     saved_flat, current_flat = _flatten(saved), _flatten(current)
     out = {}
     for key in sorted(set(saved_flat) | set(current_flat)):
@@ -83,7 +91,7 @@ def differing_fields(saved: dict, current: dict, fields: tuple[str, ...] = RESUM
 
 def check_run_config(workdir: str | os.PathLike, config, *, force: bool = False) -> dict:
     """Compare `config` (a ConfigDict) with `workdir/config.json` when the workdir holds an earlier run; raise
-    `ResumeError` naming the differing `RESUME_FIELDS` unless `force` (then warn). Returns the differences."""
+    `ResumeError` naming the differing `resume_fields` unless `force` (then warn). Returns the differences."""
     path = RunDir(workdir).config
     if not path.exists():
         return {}

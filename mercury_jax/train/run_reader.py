@@ -31,7 +31,8 @@ from flax import nnx
 from mercury_jax.chat import SentencePieceTokenizer, qwen35_tokenizer
 from mercury_jax.train.checkpoint_faults import describe, named_file
 from mercury_jax.train.checkpoint_roles import ROLE_ITEM_PREFIX
-from mercury_jax.train.rundir import POLICY_ARRAYS, STAGES, RunDir, checkpoint_steps
+from mercury_jax.train.pipelines import PIPELINES, STAGES
+from mercury_jax.train.rundir import RunDir, checkpoint_steps
 from mercury_jax.train.setup import build_model, model_runtime
 from models.qwen35_moe import Qwen35MoeConfig, Qwen35MoeForCausalLM
 
@@ -152,7 +153,7 @@ class RunReader:
         (`arrays_actor`) or the `arrays` item (checkpoint_roles.py)."""
         step_dir = self.checkpoints(stage) / str(step)
         items = []
-        for keys in POLICY_ARRAYS[stage]:
+        for keys in PIPELINES[stage].policy_arrays:
             role_item = step_dir / (ROLE_ITEM_PREFIX + keys[0])
             items.append(PolicyItem(role_item, keys[1:]) if role_item.is_dir() else PolicyItem(step_dir / "arrays",
                                                                                                keys))

@@ -4,7 +4,7 @@
     WORKDIR/environment.json         Python, backend and package versions of every start
     WORKDIR/tokenizer/               the SentencePiece model a tiny run trains (Qwen3.5 runs ship none)
     WORKDIR/sft_summary.json         the warm start's final loss
-    WORKDIR/STAGE/checkpoints/STEP   Orbax checkpoints of a stage ("sft", "sao", "grpo")
+    WORKDIR/STAGE/checkpoints/STEP   Orbax checkpoints of a stage (a pipeline's name: train/pipelines.py)
     WORKDIR/STAGE/STAGE_metrics.jsonl  one line per logged step; STAGE_curves.png its plot
     WORKDIR/STAGE/tensorboard/STAGE  TensorBoard scalars (local run directories only)
     WORKDIR/sao/evals.jsonl          held-out evaluations (eval_summary.json, sao_heldout.png)
@@ -28,11 +28,7 @@ from etils import epath
 
 from mercury_jax.parallel.distributed import is_primary
 from mercury_jax.train.checkpoint_roles import is_arrays_item
-
-STAGES = ("sft", "sao", "grpo")
-# Where the policy's arrays sit inside each stage's checkpoint (what the loop saves as `algorithm.arrays()`).
-POLICY_ARRAYS = {"sao": (("actor", "params"), ("actor", "frozen")), "sft": (("params",), ("frozen",)),
-                 "grpo": (("actor", "params"), ("actor", "frozen"))}
+from mercury_jax.train.pipelines import STAGES
 
 
 def checkpoint_steps(checkpoint_dir: str | os.PathLike) -> list[int]:

@@ -198,3 +198,6 @@ def trajectory_metrics(trajectories: list[Trajectory]) -> dict:
         "format_errors": float(np.mean([len(t.format_errors) for t in trajectories])),
         "tool_calls": float(np.mean([len(t.tool_calls) for t in trajectories])),
     }
+
+
+run = run_sao  # the pipeline's entry (train/pipelines.py)

@@ -13,21 +13,13 @@ from pathlib import Path
 import jax
 import ml_collections
 
-from mercury_jax.envs.browse.stop_verifier import STOP_RULES
 from mercury_jax.parallel import MESH_AXES
-from mercury_jax.rl.aggregation import LOSS_AGG_MODES
 from mercury_jax.train.config_ranges import field_problem
 from mercury_jax.train.guards import NonFiniteGuard
-from mercury_jax.train.pivot_data import SOURCES
+from mercury_jax.train.pipelines import PIPELINES
 from mercury_jax.train.placement import DEVICE_LAYOUTS, role_devices, role_mesh_sizes, row_shards
 from mercury_jax.train.setup import model_runtime
 from models.qwen35_moe.config import ATTENTION_IMPLS, GDN_IMPLS, MOE_IMPLS, PRESETS, REMAT_POLICIES, field_problems
-
-REQUIRED = {
-    "sft": ("seed", "model", "tokenizer", "world", "sft", "checkpoint"),
-    "sao": ("seed", "model", "tokenizer", "world", "sft", "sao", "rollout", "checkpoint", "devices"),
-    "grpo": ("seed", "model", "tokenizer", "world", "oracle", "sft", "grpo", "rollout", "checkpoint", "devices"),
-}
 
 
 class ConfigError(ValueError):
@@ -36,9 +28,9 @@ class ConfigError(ValueError):
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
     pipeline = config.get("pipeline")
-    if pipeline not in REQUIRED:
-        raise ConfigError(f"config.pipeline is {pipeline!r}; expected one of {sorted(REQUIRED)}")
-    missing = [name for name in REQUIRED[pipeline] if name not in config]
+    if pipeline not in PIPELINES:
+        raise ConfigError(f"config.pipeline is {pipeline!r}; expected one of {sorted(PIPELINES)}")
+    missing = [name for name in PIPELINES[pipeline].sections if name not in config]
     if missing:
         raise ConfigError(f"config for pipeline {pipeline!r} lacks {missing}; start from experiments/{pipeline}.py")
     problem = field_problem(config)  # before any rule below computes with a field
@@ -59,24 +51,21 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     if "devices" in config:
         _check_device_groups(config)
     if pipeline == "sft" or config.sft.enabled:  # the warm start trains on the actor's mesh
-        shards = _row_shards(config, "actor")[0] if "devices" in config else 1
+        shards = role_row_shards(config, "actor")[0] if "devices" in config else 1
         if config.sft.batch_rows % shards:
             raise ConfigError(f"sft.batch_rows {config.sft.batch_rows} is not divisible by the {shards} row shards "
                               f"of the actor mesh; change sft.batch_rows or mesh.actor / devices.actor")
-        _check_micro_batches("sft.micro_batches", config.sft.get("micro_batches", 1), config.sft.batch_rows, shards,
+        check_micro_batches("sft.micro_batches", config.sft.get("micro_batches", 1), config.sft.batch_rows, shards,
                              "sft.batch_rows", "actor")
     if "train" in config:
         try:
             NonFiniteGuard.from_config(config.train, name=pipeline)
         except ValueError as error:
             raise ConfigError(str(error)) from None
-    if pipeline == "sao":
-        _validate_sao(config)
-    if pipeline == "grpo":
-        _validate_grpo(config)
+    PIPELINES[pipeline].check(config)  # the pipeline's own rules (its module's check_config)
 
 
-def _check_micro_batches(field: str, micro_batches, rows: int, shards: int, rows_field: str, group: str) -> None:
+def check_micro_batches(field: str, micro_batches, rows: int, shards: int, rows_field: str, group: str) -> None:
     """A learner step's micro-batches split each data shard's rows into equal whole parts (train/microbatch.py):
     `micro_batches` must divide rows / shards."""
     if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
@@ -155,66 +144,10 @@ def _check_rollout_replicas(config) -> None:
                           f"({group} rollout devices / {size} per replica); make it a multiple of {replicas}")
 
 
-def _row_shards(config, role: str) -> tuple[int, dict]:
+def role_row_shards(config, role: str) -> tuple[int, dict]:
     """(how many ways `role`'s mesh splits a batch's rows, its axis sizes); ConfigError when the mesh does not fit."""
     try:
         sizes = role_mesh_sizes(config, role)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     return row_shards(sizes), sizes
-
-
-def _validate_sao(config) -> None:
-    for name in ("actor", "critic"):
-        shards, sizes = _row_shards(config, name)
-        if config.sao.batch_prompts % shards:
-            raise ConfigError(f"sao.batch_prompts {config.sao.batch_prompts} is not divisible by the {shards} row "
-                              f"shards of the {name} mesh {sizes} (data x fsdp x expert); change sao.batch_prompts "
-                              f"or mesh.{name} / devices.{name}")
-        _check_micro_batches(f"sao.{name}_micro_batches", config.sao.get(f"{name}_micro_batches", 1),
-                             config.sao.batch_prompts, shards, "sao.batch_prompts", name)
-
-
-def _validate_grpo(config) -> None:
-    g, rollout = config.grpo, config.rollout
-    if config.world.name != "browse":
-        raise ConfigError(f"world.name is {config.world.name!r}; pivot GRPO trains on browsing states, set "
-                          f"world.name='browse'")
-    rows = g.batch_states * g.group_size
-    if g.pack_rows and g.minibatches > 1:
-        raise ConfigError(f"grpo.pack_rows packs the whole batch into the first micro-batches, but grpo.minibatches "
-                          f"= {g.minibatches} would deal its packed rows into separate optimiser steps; set "
-                          f"grpo.minibatches=1 or grpo.pack_rows=False")
-    if rows % g.minibatches:
-        raise ConfigError(f"grpo.batch_states x grpo.group_size = {rows} rows do not split into {g.minibatches} "
-                          f"equal minibatches; change grpo.minibatches")
-    shards, sizes = _row_shards(config, "actor")
-    if (rows // g.minibatches) % shards:
-        raise ConfigError(f"a minibatch of {rows // g.minibatches} rows (grpo.batch_states x grpo.group_size / "
-                          f"grpo.minibatches) is not divisible by the {shards} row shards of the actor mesh {sizes} "
-                          f"(data x fsdp x expert); change grpo.batch_states or mesh.actor / devices.actor")
-    _check_micro_batches("grpo.micro_batches", g.get("micro_batches", 1), rows // g.minibatches, shards,
-                         "grpo.batch_states x grpo.group_size / grpo.minibatches", "actor")
-    shards, sizes = _row_shards(config, "reference")
-    if rows % shards:
-        raise ConfigError(f"grpo.batch_states x grpo.group_size = {rows} rows are not divisible by the {shards} row "
-                          f"shards of the reference mesh {sizes} (on the actor's devices); change mesh.reference")
-    if g.kl_estimator not in ("k1", "k2", "k3"):
-        raise ConfigError(f"grpo.kl_estimator {g.kl_estimator!r} is not one of k1, k2, k3")
-    if g.loss_agg not in LOSS_AGG_MODES:
-        raise ConfigError(f"grpo.loss_agg {g.loss_agg!r} is not one of {LOSS_AGG_MODES}")
-    if g.pivot_source not in SOURCES:
-        raise ConfigError(f"grpo.pivot_source {g.pivot_source!r} is not one of {SOURCES}")
-    unknown = set(g.stop_rules) - set(STOP_RULES)
-    if unknown:
-        raise ConfigError(f"grpo.stop_rules has unknown outcomes {sorted(unknown)}; known: {sorted(STOP_RULES)}")
-    if g.pivots_path and not Path(g.pivots_path).exists() and not Path(g.pivots_path).parent.exists():
-        raise ConfigError(f"grpo.pivots_path {g.pivots_path!r} does not exist and neither does its directory (the "
-                          f"dataset is built there when missing); create the directory or pass "
-                          f"--config.grpo.pivots_path='' to build it into the workdir")
-    if rollout.max_turn_tokens >= rollout.max_total_tokens:
-        raise ConfigError(f"rollout.max_turn_tokens {rollout.max_turn_tokens} must be below rollout.max_total_tokens "
-                          f"= {rollout.max_total_tokens} (a continuation leaves room for its prompt)")
-    if not config.sft.enabled and not config.model.hf_path:
-        print("[grpo] warning: sft.enabled is False and model.hf_path is empty: GRPO starts from an untrained "
-              "model", flush=True)

@@ -64,3 +64,6 @@ def starting_policy_name(config: ml_collections.ConfigDict) -> str:
     if config.sft.enabled:
         return f"sft warm start ({config.sft.steps} steps, seed {config.seed})"
     return config.model.hf_path or f"{config.model.preset} preset, untrained (seed {config.seed})"
+
+
+run = run_sft_pipeline  # the pipeline's entry (train/pipelines.py)
