@@ -27,6 +27,7 @@ from flax import nnx
 
 from mercury_jax.bench.report import markdown_table, write_section
 from mercury_jax.rollout import Engine, Request, Sampler
+from mercury_jax.rollout.sampler import TokenSampling
 from models.qwen35_moe import Qwen35MoeForCausalLM
 from models.qwen35_moe import config as C
 from models.qwen35_moe.hf import save_hf
@@ -71,8 +72,8 @@ def decode_rates(model, *, batch: int, prompt_len: int, new: int) -> tuple[list[
     def cached():
         state = sampler.init_state()
         for b in range(batch):
-            state, _, _ = sampler.prefill(state, b, prompts[b].tolist(), reset=True, limit=new, request_id=b, seed=0,
-                                       temperature=0.0, top_k=0, top_p=1.0)
+            state, _, _ = sampler.prefill(state, b, prompts[b].tolist(), TokenSampling(b, temperature=0.0),
+                                          reset=True, limit=new)
         jax.block_until_ready(state)
         start = time.perf_counter()
         state, out, _ = sampler.decode(state, new - 1)

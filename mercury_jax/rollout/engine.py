@@ -46,7 +46,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from mercury_jax.rollout.sampler import Sampler
+from mercury_jax.rollout.sampler import Sampler, TokenSampling
 
 
 @dataclasses.dataclass
@@ -96,24 +96,34 @@ class _Running:
     policy_versions: list[int] = dataclasses.field(default_factory=list)
 
 
+@dataclasses.dataclass(frozen=True)
+class Scheduling:
+    """When an engine admits requests (`refill`) and when new weights take effect (`weights_swap`)."""
+    refill: bool = True         # False: a static batch, admitted only when every slot is free
+    weights_swap: str = "chunk"  # "chunk": at the next decode chunk; "request": once the running requests end
+
+    def __post_init__(self):
+        if self.weights_swap not in ("chunk", "request"):
+            raise ValueError(f"weights_swap {self.weights_swap!r} is not 'chunk' (at the next decode chunk) or "
+                             "'request' (between requests: no request mixes versions)")
+
+
 class Engine:
     """Continuous batching engine. `submit(...)` requests, `run()` until all are done, read `results` / `stats()`.
 
-    `refill=False` gives a static batch for comparison: new requests are admitted only when every slot is free.
+    The keywords `refill` and `weights_swap` are the `Scheduling` fields. `refill=False` gives a static batch for
+    comparison: new requests are admitted only when every slot is free.
     """
 
     def __init__(self, model: nnx.Module, *, num_slots: int, max_length: int, steps_per_sync: int = 8,
-                 refill: bool = True, policy_version: int = 0, mesh: Mesh | None = None, param_dtype=None,
-                 hbm_gib: float | None = None, weights_swap: str = "chunk", weights=None):
-        if weights_swap not in ("chunk", "request"):
-            raise ValueError(f"weights_swap {weights_swap!r} is not 'chunk' (at the next decode chunk) or 'request' "
-                             "(between requests: no request mixes versions)")
-        self.weights_swap = weights_swap
+                 policy_version: int = 0, mesh: Mesh | None = None, param_dtype=None, hbm_gib: float | None = None,
+                 weights=None, **scheduling):
+        self.scheduling = Scheduling(**scheduling)
         self._pending_weights = None  # (prepared params, version) waiting for the running requests to finish
         self.sampler = Sampler(model, num_slots=num_slots, max_length=max_length, policy_version=policy_version,
                                mesh=mesh, param_dtype=param_dtype, hbm_gib=hbm_gib, weights=weights)
         self.num_slots, self.max_length = num_slots, max_length
-        self.steps_per_sync, self.refill = steps_per_sync, refill
+        self.steps_per_sync = steps_per_sync
         self.state = self.sampler.init_state()
         self.queue: collections.deque[Request] = collections.deque()
         self.slots: list[_Running | None] = [None] * num_slots
@@ -132,7 +142,8 @@ class Engine:
     def install_weights(self, prepared, version: int | None = None) -> None:
         """`update_weights` with weights already cast and placed (`sampler.prepare_weights`)."""
         version = self.latest_version + 1 if version is None else version
-        if self.weights_swap == "chunk" or not any(self.slots):  # nothing running: nothing to keep on one version
+        # nothing running: nothing to keep on one version
+        if self.scheduling.weights_swap == "chunk" or not any(self.slots):
             self.sampler.set_weights(prepared, version)
             self._pending_weights = None
         else:
@@ -257,7 +268,7 @@ class Engine:
 
     def _admit(self) -> int:
         """Start queued requests in free (or their parked) slots; returns how many were started."""
-        if (not self.refill or self._pending_weights is not None) and any(self.slots):
+        if (not self.scheduling.refill or self._pending_weights is not None) and any(self.slots):
             return 0
         deferred, started = collections.deque(), []
         while self.queue:
@@ -296,10 +307,10 @@ class Engine:
         if limit < 1:  # a continuation with no room left under max_length
             self._finish(running, "length", slot=None)
             return None
-        self.state, first, version = self.sampler.prefill(
-            self.state, slot, feed, reset=not kept, limit=limit, request_id=request.request_id, seed=request.seed,
-            temperature=request.temperature, top_k=request.top_k, top_p=request.top_p,
-            stop_token_ids=request.stop_token_ids)
+        sampling = TokenSampling(request.request_id, request.seed, request.temperature, request.top_k, request.top_p,
+                                 request.stop_token_ids)
+        self.state, first, version = self.sampler.prefill(self.state, slot, feed, sampling, reset=not kept,
+                                                          limit=limit)
         self._prefill_tokens += len(feed)
         self.slots[slot] = running
         return slot, running, first, version

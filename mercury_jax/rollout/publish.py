@@ -161,23 +161,29 @@ class _Programs:
             lambda: [jnp.zeros((replicas * shape[0], *shape[1:]), dtype) for shape, dtype in zip(self.shapes, dtypes)],
             out_shardings=[NamedSharding(destination, s) for s in self.union_specs])
 
-        rounds = math.ceil(replicas / copies)
+        self.send = _send_program(self.union, self.union_specs, copies, replicas)
 
-        def send_block(block):
-            group = jax.lax.axis_index(GROUP)
-            out = block
-            for j in range(rounds):
-                pairs = [(c, copies + j * copies + c) for c in range(copies) if j * copies + c < replicas]
-                received = jax.lax.ppermute(block, GROUP, pairs)
-                mine = (group >= copies) & ((group - copies) // copies == j)
-                out = jnp.where(mine, received, out)
-            return out
 
-        def send(blocks):
-            return [send_block(b) for b in blocks]
+def _send_program(union: Mesh, union_specs: list[PartitionSpec], copies: int, replicas: int):
+    """jit(leaves over `union`) -> the same leaves with each replica's group holding its copy's blocks: round j sends
+    copy c to replica j * copies + c by one collective-permute along "group". The input is donated."""
+    rounds = math.ceil(replicas / copies)
 
-        self.send = jax.jit(jax.shard_map(send, mesh=self.union, in_specs=(self.union_specs,),
-                                          out_specs=self.union_specs, check_vma=False), donate_argnums=0)
+    def send_block(block):
+        group = jax.lax.axis_index(GROUP)
+        out = block
+        for j in range(rounds):
+            pairs = [(c, copies + j * copies + c) for c in range(copies) if j * copies + c < replicas]
+            received = jax.lax.ppermute(block, GROUP, pairs)
+            mine = (group >= copies) & ((group - copies) // copies == j)
+            out = jnp.where(mine, received, out)
+        return out
+
+    def send(blocks):
+        return [send_block(b) for b in blocks]
+
+    return jax.jit(jax.shard_map(send, mesh=union, in_specs=(union_specs,), out_specs=union_specs, check_vma=False),
+                   donate_argnums=0)
 
 
 def _interim_sharding(replica_spec: PartitionSpec, replica: Mesh, shape, source: Mesh) -> NamedSharding | None:

@@ -27,6 +27,7 @@ sampler's up to the order of sharded sums.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -40,10 +41,22 @@ from mercury_jax.rollout.sampling import sample_tokens, token_keys
 from mercury_jax.rollout.sizing import check_replica_fits
 from mercury_jax.rollout.slot_rows import put_row, put_row_on_mesh, slot_axis, take_row, take_row_on_mesh
 
-__all__ = ["Sampler", "bucket_length", "empty_state", "put_row", "slot_axis", "take_row"]
+__all__ = ["Sampler", "TokenSampling", "bucket_length", "empty_state", "put_row", "slot_axis", "take_row"]
 
 MAX_STOP_IDS = 8
 MIN_BUCKET = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenSampling:
+    """How one request's tokens are drawn and when it stops: its key (seed, request id), temperature / top-k / top-p
+    and stop token ids."""
+    request_id: int
+    seed: int = 0
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
 
 
 def bucket_length(length: int, max_length: int) -> int:
@@ -136,21 +149,24 @@ class Sampler:
     def _empty_state(self) -> dict:
         return empty_state(self._init_cache, self.num_slots, self.max_length)
 
-    def prefill(self, state: dict, slot: int, tokens: list[int], *, reset: bool, limit: int, request_id: int,
-                seed: int, temperature: float, top_k: int, top_p: float, stop_token_ids=()):
-        """Feed `tokens` into `slot` (after its history unless `reset`) and sample the first new token.
+    def prefill(self, state: dict, slot: int, tokens: list[int], sampling: TokenSampling, *, reset: bool,
+                limit: int):
+        """Feed `tokens` into `slot` (after its history unless `reset`) and sample the first new token of the
+        request `sampling` describes, which may sample at most `limit` tokens.
 
         Returns (state, (token, logprob, sampling_logprob, done), policy_version): device scalars and the weights
         version that sampled the token; `state` is donated.
         """
+        stop_token_ids = sampling.stop_token_ids
         if len(stop_token_ids) > MAX_STOP_IDS:
             raise ValueError(f"{len(stop_token_ids)} stop token ids given; the sampler holds at most {MAX_STOP_IDS}")
         T = bucket_length(len(tokens), self.max_length)
         ids = jnp.asarray([list(tokens) + [0] * (T - len(tokens))], jnp.int32)
         stops = jnp.asarray(list(stop_token_ids) + [-1] * (MAX_STOP_IDS - len(stop_token_ids)), jnp.int32)
-        request = {"reset": jnp.asarray(reset), "limit": jnp.int32(limit), "request_id": jnp.int32(request_id),
-                   "seed": jnp.int32(seed), "temperature": jnp.float32(temperature), "top_k": jnp.int32(top_k),
-                   "top_p": jnp.float32(top_p), "stop_ids": stops}
+        request = {"reset": jnp.asarray(reset), "limit": jnp.int32(limit),
+                   "request_id": jnp.int32(sampling.request_id), "seed": jnp.int32(sampling.seed),
+                   "temperature": jnp.float32(sampling.temperature), "top_k": jnp.int32(sampling.top_k),
+                   "top_p": jnp.float32(sampling.top_p), "stop_ids": stops}
         slot = jnp.int32(slot)
         row = self._take_row(state["cache"], slot)
         params, version = self._loaded_weights()
