@@ -30,7 +30,13 @@ from mercury_jax.rollout.rewards import StopVerifierReward
 from mercury_jax.rollout.trajectory import Trajectory
 from mercury_jax.train import setup
 from mercury_jax.train.grpo import PivotGrpo, group_batch, grpo_cadence, minibatch_rows, outcome_metrics
-from mercury_jax.train.grpo_learner import frozen_reference, grpo_loss, make_grpo_step, make_reference_logprobs
+from mercury_jax.train.grpo_learner import (
+    GrpoLossSettings,
+    frozen_reference,
+    grpo_loss,
+    make_grpo_step,
+    make_reference_logprobs,
+)
 from mercury_jax.train.loop import run_loop
 from mercury_jax.train.optim import make_optimizer
 from mercury_jax.train.pivot_data import build_pivots, read_pivots, task_tool_schemas
@@ -134,7 +140,8 @@ def test_group_advantages_and_loss_on_a_fixed_batch_match_hand_computation(std_n
     logp = (batch["rollout_logprobs"] + 0.4 * sign).astype(np.float32)
     ref_logp = batch["rollout_logprobs"] + rng.normal(0, 0.5, batch["tokens"].shape).astype(np.float32)
     loss, metrics = grpo_loss(logp, batch["rollout_logprobs"], ref_logp, batch["advantages"], batch["action_mask"],
-                              eps=0.2, eps_high=0.28, kl_coef=0.01, kl_estimator="k3", loss_agg=loss_agg)
+                              GrpoLossSettings(eps=0.2, eps_high=0.28, kl_coef=0.01, kl_estimator="k3",
+                                               loss_agg=loss_agg))
     hand, clip_fraction = _hand_loss(batch, logp, ref_logp, 0.2, 0.28, 0.01, loss_agg)
     # fp32 against float64 over a handful of tokens
     np.testing.assert_allclose(float(loss), hand, rtol=1e-5, atol=1e-7)
@@ -170,8 +177,9 @@ def test_learner_step_wires_rollout_and_reference_logprobs(tiny_model):
     batch = {"tokens": tokens, "action_mask": mask, "ref_logprobs": ref_logp,
              "rollout_logprobs": (logp + rng.normal(0, 0.2, logp.shape) * mask).astype(np.float32),
              "advantages": (np.array([1.0, -1.0, 0.5, -0.5])[:, None] * mask).astype(np.float32)}
-    want, want_metrics = grpo_loss(logp, batch["rollout_logprobs"], ref_logp, batch["advantages"], mask, eps=cfg.eps,
-                                   eps_high=cfg.eps_high, kl_coef=cfg.kl_coef, loss_agg=cfg.loss_agg)
+    want, want_metrics = grpo_loss(logp, batch["rollout_logprobs"], ref_logp, batch["advantages"], mask,
+                                   GrpoLossSettings(eps=cfg.eps, eps_high=cfg.eps_high, kl_coef=cfg.kl_coef,
+                                                    loss_agg=cfg.loss_agg))
     state = TrainState.create(model, make_optimizer(cfg.actor_optimizer))
     step = make_grpo_step(state.graphdef, state.tx, cfg)
     _, _, metrics = step(state.params, state.frozen, state.opt_state, batch)

@@ -16,12 +16,15 @@ once per batch by `make_reference_logprobs` outside the gradient; it is never up
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from mercury_jax.parallel import param_shardings, with_mesh_context
 from mercury_jax.rl.losses import LOG_RATIO_CLAMP, kl_loss, ppo_clip_loss
+from mercury_jax.train.config_defaults import setting
 from mercury_jax.train.microbatch import MaskTotals, token_share
 from mercury_jax.train.state import make_update_step
 from models.qwen35_moe.logprobs import sequence_logprobs
@@ -30,17 +33,34 @@ from models.qwen35_moe.logprobs import sequence_logprobs
 TOKEN_MEAN_METRICS = ("kl", "clip_fraction", "clip_low_fraction", "clip_high_fraction", "mean_ratio")
 
 
-def grpo_loss(logp, rollout_logp, ref_logp, advantages, action_mask, *, eps, eps_high, kl_coef, kl_estimator="k3",
-              loss_agg="seq-mean-token-mean", denominator=None, segment_ids=None):
+@dataclasses.dataclass(frozen=True)
+class GrpoLossSettings:
+    """The clip band, KL weight and estimator, and aggregation of `grpo_loss` (the `grpo` config's fields)."""
+    eps: float
+    eps_high: float
+    kl_coef: float
+    kl_estimator: str = "k3"
+    loss_agg: str = "seq-mean-token-mean"
+
+    @classmethod
+    def from_config(cls, cfg) -> GrpoLossSettings:
+        return cls(eps=cfg.eps, eps_high=cfg.eps_high, kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator,
+                   loss_agg=cfg.loss_agg)
+
+
+def grpo_loss(logp, rollout_logp, ref_logp, advantages, action_mask, settings: GrpoLossSettings, *,
+              denominator=None, segment_ids=None):
     """(loss, metrics) of the module docstring on [B, T] arrays; metrics hold the policy and KL terms, the KL's
     token mean, the clip fractions and the mean ratio (all scalars). `denominator` (the whole step's, for
     micro-batches) normalises both aggregated terms (aggregation.py); the token means stay this batch's.
     `segment_ids` (packed rows): each segment is one continuation for the seq-* aggregations."""
-    policy_loss, pg_aux = ppo_clip_loss(logp, rollout_logp, advantages, action_mask, eps_low=eps, eps_high=eps_high,
-                                        loss_agg=loss_agg, denominator=denominator, segment_ids=segment_ids)
-    kl_term, kl_aux = kl_loss(logp, ref_logp, action_mask, estimator=kl_estimator, clamp=LOG_RATIO_CLAMP,
+    loss_agg = settings.loss_agg
+    policy_loss, pg_aux = ppo_clip_loss(logp, rollout_logp, advantages, action_mask, eps_low=settings.eps,
+                                        eps_high=settings.eps_high, loss_agg=loss_agg, denominator=denominator,
+                                        segment_ids=segment_ids)
+    kl_term, kl_aux = kl_loss(logp, ref_logp, action_mask, estimator=settings.kl_estimator, clamp=LOG_RATIO_CLAMP,
                               loss_agg=loss_agg, denominator=denominator, segment_ids=segment_ids)
-    loss = policy_loss + kl_coef * kl_term
+    loss = policy_loss + settings.kl_coef * kl_term
     return loss, {"policy_loss": policy_loss, "kl_loss": kl_term, "kl": kl_aux["mean_kl"],
                   "clip_fraction": pg_aux["clip_fraction"], "clip_low_fraction": pg_aux["clip_low_fraction"],
                   "clip_high_fraction": pg_aux["clip_high_fraction"], "mean_ratio": pg_aux["mean_ratio"]}
@@ -62,8 +82,7 @@ def make_grpo_step(actor_graphdef, tx, cfg, *, state_shardings=None):
         logp = sequence_logprobs(actor, batch["tokens"], segment_ids_BxT=batch.get("segment_ids"))
         mask = batch["action_mask"]
         loss, metrics = grpo_loss(logp, batch["rollout_logprobs"], batch["ref_logprobs"], batch["advantages"], mask,
-                                  eps=cfg.eps, eps_high=cfg.eps_high, kl_coef=cfg.kl_coef,
-                                  kl_estimator=cfg.kl_estimator, loss_agg=cfg.loss_agg,
+                                  GrpoLossSettings.from_config(cfg),
                                   denominator=None if totals is None else totals["den"],
                                   segment_ids=batch.get("segment_ids"))
         gap_sum = jnp.sum(jnp.abs(logp - batch["rollout_logprobs"]) * mask)
@@ -78,7 +97,7 @@ def make_grpo_step(actor_graphdef, tx, cfg, *, state_shardings=None):
         return loss, metrics
 
     return make_update_step(actor_graphdef, tx, loss_fn, state_shardings=state_shardings,
-                            micro_batches=cfg.get("micro_batches", 1), totals_fn=MaskTotals(cfg.loss_agg))
+                            micro_batches=setting(cfg, "micro_batches"), totals_fn=MaskTotals(cfg.loss_agg))
 
 
 def make_reference_logprobs(reference_graphdef, *, mesh=None):

@@ -74,29 +74,9 @@ def run_loop(algorithm: Algorithm, stage: StageDir, cadence: Cadence, *, train_c
     name = algorithm.stage
     checkpointer = make_checkpointer(stage.checkpoints, save_every=cadence.checkpoint_every, keep=cadence.keep,
                                      async_save=cadence.async_save, layout=checkpoint_layout(algorithm.arrays()))
-    start, version = 0, 0
-    restored = checkpointer.restore_latest(algorithm.arrays())  # skips (and moves aside) damaged newer steps
-    if restored is not None:
-        arrays, meta = restored
-        algorithm.restore(arrays, meta)
-        start, version = meta["step"], meta.get("version", 0)
-        if rollouts is not None:
-            rollouts.publish(algorithm.policy(), version)
-        print(f"[{name}] resumed from step {start} ({_describe(meta)})", flush=True)
-    elif cadence.save_initial:
-        checkpointer.save(0, algorithm.arrays(), _meta(algorithm, 0, version, rollouts))
-
-    logger = MetricsLogger(stage, total_steps=algorithm.steps, window=cadence.log_window,
-                           tensorboard=is_local(stage.path) and is_primary())
-    logger.truncate(start)
-    for log in getattr(algorithm, "logs", ()):
-        truncate_jsonl(log, start)
+    start, version = _restore(algorithm, checkpointer, cadence, rollouts)
+    logger = _open_logs(algorithm, stage, cadence, start)
     evaluates = hasattr(algorithm, "evaluate")
-    if evaluates:
-        if start == 0:
-            write_text(stage.evals, json.dumps({"step": 0, **algorithm.evaluate("warm start")}) + "\n")
-        else:  # rows after the checkpoint (an evaluation written just before a kill) are replayed
-            truncate_jsonl(stage.evals, start)
     guard = NonFiniteGuard.from_config(train_cfg, name=name, history=logger.history)
     try:
         for step in range(start + 1, algorithm.steps + 1):
@@ -109,14 +89,8 @@ def run_loop(algorithm: Algorithm, stage: StageDir, cadence: Cadence, *, train_c
             seconds = time.perf_counter() - t0
             last = step == algorithm.steps
             if step % cadence.log_every == 0 or last or step == start + 1 or not result.applied:
-                metrics = dict(result.metrics)
-                tokens = metrics.pop("tokens", None)
-                if tokens is not None:
-                    metrics["tokens_per_s"] = tokens / seconds
-                metrics.update(nonfinite_skipped=guard.skipped, step_time_s=seconds)
-                if rollouts is not None:
-                    metrics["policy_version"] = version
-                logger.log(step, metrics, progress_keys=algorithm.progress_keys)
+                logger.log(step, _step_metrics(result, seconds, guard, version if rollouts is not None else None),
+                           progress_keys=algorithm.progress_keys)
             if evaluates and cadence.eval_every and step % cadence.eval_every == 0 and not last:
                 append_line(stage.evals, json.dumps({"step": step, **algorithm.evaluate(f"step {step}")}))
             preemption.poll(step)  # several processes: the same step everywhere, whichever host got the signal
@@ -131,18 +105,68 @@ def run_loop(algorithm: Algorithm, stage: StageDir, cadence: Cadence, *, train_c
     if rollouts is not None:
         rollouts.stop()
     checkpointer.close()
-    evaluations = []
-    if evaluates:
-        evaluations = read_jsonl(stage.evals)
-        final = algorithm.final_label
-        if not any(e["step"] == algorithm.steps and e["label"] == final for e in evaluations):
-            evaluations.append({"step": algorithm.steps, **algorithm.evaluate(final)})
-            append_line(stage.evals, json.dumps(evaluations[-1]))
+    evaluations = _final_evaluations(algorithm, stage) if evaluates else []
     if hasattr(algorithm, "finish"):
         algorithm.finish(logger.history, evaluations)
     logger.plot(list(algorithm.plot_keys))
     logger.close()
     return logger.history
+
+
+def _restore(algorithm: Algorithm, checkpointer, cadence: Cadence, rollouts) -> tuple[int, int]:
+    """(start step, policy version) from the newest checkpoint that restores, its policy republished; with none,
+    (0, 0), after saving step 0 when `cadence.save_initial`."""
+    start, version = 0, 0
+    restored = checkpointer.restore_latest(algorithm.arrays())  # skips (and moves aside) damaged newer steps
+    if restored is not None:
+        arrays, meta = restored
+        algorithm.restore(arrays, meta)
+        start, version = meta["step"], meta.get("version", 0)
+        if rollouts is not None:
+            rollouts.publish(algorithm.policy(), version)
+        print(f"[{algorithm.stage}] resumed from step {start} ({_describe(meta)})", flush=True)
+    elif cadence.save_initial:
+        checkpointer.save(0, algorithm.arrays(), _meta(algorithm, 0, version, rollouts))
+    return start, version
+
+
+def _open_logs(algorithm: Algorithm, stage: StageDir, cadence: Cadence, start: int) -> MetricsLogger:
+    """The metrics logger, with every log's rows after `start` dropped (they are replayed); evaluations after
+    `start` dropped too, or on a fresh start the warm start's evaluation written."""
+    logger = MetricsLogger(stage, total_steps=algorithm.steps, window=cadence.log_window,
+                           tensorboard=is_local(stage.path) and is_primary())
+    logger.truncate(start)
+    for log in getattr(algorithm, "logs", ()):
+        truncate_jsonl(log, start)
+    if hasattr(algorithm, "evaluate"):
+        if start == 0:
+            write_text(stage.evals, json.dumps({"step": 0, **algorithm.evaluate("warm start")}) + "\n")
+        else:  # rows after the checkpoint (an evaluation written just before a kill) are replayed
+            truncate_jsonl(stage.evals, start)
+    return logger
+
+
+def _step_metrics(result: StepResult, seconds: float, guard: NonFiniteGuard, version: int | None) -> dict:
+    """A step's logged row: its metrics with tokens as a rate, the skipped count, the step time and (with a
+    rollout side) the policy version."""
+    metrics = dict(result.metrics)
+    tokens = metrics.pop("tokens", None)
+    if tokens is not None:
+        metrics["tokens_per_s"] = tokens / seconds
+    metrics.update(nonfinite_skipped=guard.skipped, step_time_s=seconds)
+    if version is not None:
+        metrics["policy_version"] = version
+    return metrics
+
+
+def _final_evaluations(algorithm: Algorithm, stage: StageDir) -> list[dict]:
+    """Every evaluation of the stage, the final one run and appended unless a resumed run already wrote it."""
+    evaluations = read_jsonl(stage.evals)
+    final = algorithm.final_label
+    if not any(e["step"] == algorithm.steps and e["label"] == final for e in evaluations):
+        evaluations.append({"step": algorithm.steps, **algorithm.evaluate(final)})
+        append_line(stage.evals, json.dumps(evaluations[-1]))
+    return evaluations
 
 
 def _meta(algorithm: Algorithm, step: int, version: int, rollouts) -> dict:
