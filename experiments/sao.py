@@ -33,6 +33,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     s.batch_prompts = 128         # one rollout per prompt (SAO has no groups)
     s.critic_only_steps = 20
     s.critic_epochs = 2
+    s.policy_loss = "dis"         # the decoupled trust-region loss ("ppo": the clipped surrogate)
     s.alpha = 1.5
     s.gamma = 1.0
     s.lam_critic = 1.0

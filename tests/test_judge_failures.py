@@ -20,8 +20,9 @@ from scripted_engine import ScriptedEngine
 from mercury_jax.chat.tokenizer import qwen35_tokenizer
 from mercury_jax.envs import presets
 from mercury_jax.envs.judge import JudgeError, OpenAIJudge
-from mercury_jax.rollout.episode import Budgets, EpisodeRunner
+from mercury_jax.rollout.episode import EpisodeRunner
 from mercury_jax.rollout.failures import trainable
+from mercury_jax.rollout.settings import Budgets, EnvLimits, EpisodeSettings
 
 ITEM = {"kind": "mentions", "value": "T-3", "description": "the reply names the ticket"}
 
@@ -94,8 +95,8 @@ def test_an_episode_whose_judge_fails_is_an_environment_failure_and_not_trained_
     broken = tasks[2]["user_prompt"]  # the judge fails on this task's episode only (its prompt is in the question)
     with stub_judge(lambda prompt: "http 503" if broken in prompt else "yes") as url:
         runner = EpisodeRunner(ScriptedEngine(None, num_slots=2, max_length=8192), qwen35_tokenizer(),
-                               budgets=Budgets(max_tool_turns=1, max_total_tokens=8192),
-                               judge=OpenAIJudge(url, "judge-model", timeout_s=10))
+                               EpisodeSettings(budgets=Budgets(max_tool_turns=1, max_total_tokens=8192),
+                                               limits=EnvLimits(judge=OpenAIJudge(url, "judge-model", timeout_s=10))))
         trajectories = runner.run(tasks)
     assert [t.task_id for t in trajectories] == [t["task_id"] for t in tasks]
     failed = trajectories[2]

@@ -9,6 +9,7 @@ batch independence of multi-turn episodes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import numpy as np
 import pytest
@@ -20,8 +21,10 @@ from mercury_jax.envs import BehaviourConfig, make_episode, oracle_trajectory, p
 from mercury_jax.envs.episode import Episode
 from mercury_jax.rollout import Engine
 from mercury_jax.rollout.engine import Sample
-from mercury_jax.rollout.episode import Budgets, EpisodeRunner, SamplingParams
+from mercury_jax.rollout.episode import EpisodeRunner
 from mercury_jax.rollout.messages import trajectory_from_messages
+from mercury_jax.rollout.rewards import EffectsReward
+from mercury_jax.rollout.settings import Budgets, EnvLimits, EpisodeSettings, SamplingParams
 from models.qwen35_moe import Qwen35MoeForCausalLM
 from models.qwen35_moe import config as C
 
@@ -109,12 +112,13 @@ def oracle_script(tokenizer, tasks, stride, overrides=None, thinking=True):
 
 
 def run_scripted(tokenizer, tasks, *, budgets=Budgets(), overrides=None, factory=None, thinking=True, **options):
-    runner_options = dict(budgets=budgets, call_timeout_s=options.pop("call_timeout_s", 30.0),
-                          enable_thinking=thinking, behaviour=options.pop("behaviour", BehaviourConfig()))
+    settings = EpisodeSettings(budgets=budgets, enable_thinking=thinking,
+                               limits=EnvLimits(call_timeout_s=options.pop("call_timeout_s", 30.0)),
+                               reward=EffectsReward(options.pop("behaviour", BehaviourConfig())))
     if factory is not None:
-        runner_options["episode_factory"] = factory
+        settings = dataclasses.replace(settings, environment=factory)
     engine = ScriptedEngine(None, **options)
-    runner = EpisodeRunner(engine, tokenizer, **runner_options)
+    runner = EpisodeRunner(engine, tokenizer, settings)
     engine.script = oracle_script(tokenizer, tasks, runner.request_stride, overrides, thinking)
     return runner.run(tasks), engine
 
@@ -338,7 +342,7 @@ REAL_SAMPLING = SamplingParams(temperature=1.0, top_k=4, seed=7)
 
 def run_real(model, tokenizer, tasks, *, num_slots, first_episode_id=0):
     engine = Engine(model, num_slots=num_slots, max_length=REAL_BUDGETS.max_total_tokens, steps_per_sync=4)
-    runner = EpisodeRunner(engine, tokenizer, budgets=REAL_BUDGETS, sampling=REAL_SAMPLING)
+    runner = EpisodeRunner(engine, tokenizer, EpisodeSettings(budgets=REAL_BUDGETS, sampling=REAL_SAMPLING))
     return runner.run(tasks, first_episode_id=first_episode_id), engine
 
 
@@ -399,7 +403,7 @@ def test_one_failing_environment_costs_its_episode_only(tokenizer, stage):
 
     tasks = twelve_tasks()
     engine = ScriptedEngine(None, num_slots=4)
-    runner = EpisodeRunner(engine, tokenizer, episode_factory=failing_factory({stage: "t05"}))
+    runner = EpisodeRunner(engine, tokenizer, EpisodeSettings(environment=failing_factory({stage: "t05"})))
     engine.script = oracle_script(tokenizer, tasks, runner.request_stride)
     trajectories = runner.run(tasks)
     # one entry per task, in order (consumers zip tasks with results); the failed one is a marked placeholder
@@ -432,7 +436,8 @@ def test_grading_that_hangs_is_a_failure_after_grade_timeout_s(tokenizer):
 
     tasks = twelve_tasks()[:3]
     engine = ScriptedEngine(None)
-    runner = EpisodeRunner(engine, tokenizer, episode_factory=factory, grade_timeout_s=0.3)
+    runner = EpisodeRunner(engine, tokenizer, EpisodeSettings(environment=factory,
+                                                              limits=EnvLimits(grade_timeout_s=0.3)))
     engine.script = oracle_script(tokenizer, tasks, runner.request_stride)
     try:
         trajectories = runner.run(tasks)
@@ -527,7 +532,8 @@ def test_no_loop_callback_blocks_over_a_realistic_episode_mix(tokenizer, monkeyp
             gaps.clear()
             callbacks.clear()
             engine = ScriptedEngine(None, num_slots=4)
-            runner = EpisodeRunner(engine, tokenizer, episode_factory=factory, call_timeout_s=0.3)
+            runner = EpisodeRunner(engine, tokenizer, EpisodeSettings(environment=factory,
+                                                                      limits=EnvLimits(call_timeout_s=0.3)))
             engine.script = oracle_script(tokenizer, tasks + [blocked], runner.request_stride, overrides)
             monkeypatch.setattr(asyncio.events.Handle, "_run", timed_callback)
             trajectories = asyncio.run(main(runner))

@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 from test_rollout_episode import ENTERPRISE, REAL_SAMPLING, chatty_model, tokenizer  # noqa: F401
 
-from mercury_jax.rollout.episode import Budgets
+from mercury_jax.rollout.settings import Budgets, EngineSettings, EpisodeSettings
 from mercury_jax.rollout.worker import RolloutWorker
 from mercury_jax.train.placement import device_copy
 from mercury_jax.train.state import TrainState, make_update_step
@@ -39,8 +39,9 @@ def test_publish_then_donating_update_then_decode(model, tokenizer):  # noqa: F8
     # copies (np.array), not views: a NumPy view of a CPU buffer is an external reference, which blocks donation
     published = {jax.tree_util.keystr(p): np.array(v) for p, v in
                   jax.tree_util.tree_flatten_with_path(nnx.state(actor.model(), nnx.Param))[0]}
-    worker = RolloutWorker(model, tokenizer, iter(ENTERPRISE[:1]), num_slots=1, budgets=BUDGETS,
-                           sampling=REAL_SAMPLING, devices=devices, steps_per_sync=4)
+    worker = RolloutWorker(model, tokenizer, iter(ENTERPRISE[:1]), EpisodeSettings(budgets=BUDGETS,
+                                                                                   sampling=REAL_SAMPLING),
+                           EngineSettings(num_slots=1, devices=devices, steps_per_sync=4))
     live = jax.tree.leaves(actor.params)
     worker.publish(nnx.state(actor.model()), version=1)  # the actor's live arrays, as run_sao publishes them
     step = _donating_step(actor)
@@ -61,7 +62,8 @@ def test_publish_then_donating_update_then_decode(model, tokenizer):  # noqa: F8
 
 
 def test_publish_of_a_foreign_structure_names_the_paths(model, tokenizer):  # noqa: F811
-    worker = RolloutWorker(model, tokenizer, iter([]), num_slots=1, budgets=BUDGETS, sampling=REAL_SAMPLING)
+    worker = RolloutWorker(model, tokenizer, iter([]), EpisodeSettings(budgets=BUDGETS, sampling=REAL_SAMPLING),
+                           EngineSettings(num_slots=1))
     with pytest.raises(ValueError, match=r"published weights hold \['no_such_layer'\] \(1 in all\).*publish "
                                          r"nnx.state\(model\)"):
         worker.publish({"no_such_layer": jnp.zeros(3)}, version=1)

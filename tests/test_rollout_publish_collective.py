@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 from mercury_jax.parallel import make_mesh, shard_params
-from mercury_jax.rollout import ReplicatedEngine, replica_meshes
+from mercury_jax.rollout import EngineSettings, ReplicatedEngine, replica_meshes
 from mercury_jax.rollout.layout import rollout_weights
 from mercury_jax.rollout.publish import Publisher
 from models.qwen35_moe import Qwen35MoeForCausalLM
@@ -122,7 +122,8 @@ def test_replicated_engine_publishes_by_collectives():
     devices = jax.devices()
     meshes = replica_meshes(devices[:4], {"tensor": 2})
     learner = on_source(tiny_model(), devices[4:])
-    engine = ReplicatedEngine(learner, meshes=meshes, num_slots=2, max_length=32, param_dtype="bfloat16")
+    engine = ReplicatedEngine(learner, EngineSettings(num_slots=2 * len(meshes), max_length=32, replicas=meshes,
+                                                      param_dtype="bfloat16"))
     newer = on_source(tiny_model(seed=11), devices[4:])
     engine.update_weights(newer, version=1)
     assert engine.publisher._programs  # the collective route was taken

@@ -11,13 +11,21 @@ from test_rollout_episode import ENTERPRISE, REAL_BUDGETS, REAL_SAMPLING, chatty
 from test_rollout_worker import drain
 
 from mercury_jax.parallel import make_mesh, shard_params
-from mercury_jax.rollout import Engine, Request, replica_meshes
+from mercury_jax.rollout import Engine, EngineSettings, EpisodeSettings, Request, replica_meshes
 from mercury_jax.rollout.worker import RolloutWorker
+from mercury_jax.train.rollouts import Rollouts
 from mercury_jax.train.validate import ConfigError, validate_config
 from models.qwen35_moe import Qwen35MoeForCausalLM
 from models.qwen35_moe import config as C
 
 EPISODES = 500
+
+
+def replica_engine(group) -> EngineSettings:
+    """4 slots over 2-chip bf16 replicas of the rollout group `group`."""
+    devices = list(group.devices.flat)
+    return EngineSettings(num_slots=4, devices=devices, replicas=replica_meshes(devices, {"tensor": 2}),
+                          param_dtype="bfloat16")
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +68,9 @@ def test_worker_over_replicas_queues_every_episode_once_across_publishes(model, 
     tasks = [{**ENTERPRISE[k % len(ENTERPRISE)], "task_id": f"e{k}"} for k in range(EPISODES)]
     meshes = replica_meshes(jax.devices()[:4], {"tensor": 2})
     learner = on_learner_mesh(model, jax.devices()[4:8])  # published from its own mesh: the collective route
-    worker = RolloutWorker(model, tokenizer, iter(tasks), num_slots=8, budgets=REAL_BUDGETS, sampling=REAL_SAMPLING,
-                           steps_per_sync=4, replicas=meshes, param_dtype="bfloat16", queue_size=16)
+    worker = RolloutWorker(model, tokenizer, iter(tasks), EpisodeSettings(budgets=REAL_BUDGETS, sampling=REAL_SAMPLING),
+                           EngineSettings(num_slots=8, steps_per_sync=4, replicas=meshes, param_dtype="bfloat16"),
+                           queue_size=16)
     assert worker.engine.num_replicas == 2 and worker.engine.num_slots == 8
     published, step = [], worker.engine.step
 
@@ -119,11 +128,10 @@ def test_rollout_replica_config_must_split_the_group_and_the_slots():
 def test_sync_rollouts_sample_over_replicas_and_publish_into_each(model, tokenizer):  # noqa: F811
     """The trainers' `Rollouts` with `replica=`: a batch sampled over 2 replicas of the 4-device rollout group, a
     publish cast to bf16 and placed into both replicas (idle: swapped at once), the next batch on the new version."""
-    from mercury_jax.train.rollouts import Rollouts
 
     group = make_mesh({"fsdp": 4}, devices=jax.devices()[4:8])
-    rollouts = Rollouts(model, tokenizer, mesh=group, num_slots=4, budgets=REAL_BUDGETS, sampling=REAL_SAMPLING,
-                        reward=None, replica={"tensor": 2}, param_dtype="bfloat16")
+    rollouts = Rollouts(model, tokenizer, EpisodeSettings(budgets=REAL_BUDGETS, sampling=REAL_SAMPLING),
+                        replica_engine(group))
     assert rollouts.engine.num_replicas == 2 and rollouts.engine.slots_per_replica == 2
     first = rollouts.run(ENTERPRISE[:4], first_episode_id=0)
     assert len(first) == 4 and all(v in (-1, 0) for t in first for v in t.policy_versions)
@@ -141,12 +149,11 @@ def test_async_rollouts_hold_one_engine_between_evaluations(model, tokenizer):  
     """Async mode: once the worker samples, the shared (evaluation) engine's weights and decode state are freed;
     `sync_engine` loads the latest weights for an evaluation, which samples wholly on them, and `evaluated` frees
     them again. An offloaded engine refuses to sample until it has weights, and a busy one refuses to offload."""
-    from mercury_jax.train.rollouts import Rollouts
     from mercury_jax.train.streams import TaskStream
 
     group = make_mesh({"fsdp": 4}, devices=jax.devices()[4:8])
-    rollouts = Rollouts(model, tokenizer, mesh=group, num_slots=4, budgets=REAL_BUDGETS, sampling=REAL_SAMPLING,
-                        reward=None, mode="async", replica={"tensor": 2}, param_dtype="bfloat16", queue_size=4)
+    rollouts = Rollouts(model, tokenizer, EpisodeSettings(budgets=REAL_BUDGETS, sampling=REAL_SAMPLING),
+                        replica_engine(group), mode="async", queue_size=4)
     shared = rollouts.engine
     try:
         kept, _, _ = rollouts.collect(TaskStream(ENTERPRISE, seed=0), 2)

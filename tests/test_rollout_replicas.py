@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from mercury_jax.rollout import Engine, ReplicatedEngine, Request, replica_meshes
+from mercury_jax.rollout import Engine, EngineSettings, ReplicatedEngine, Request, replica_meshes
 from mercury_jax.rollout.slot_rows import put_row, put_row_on_mesh, take_row, take_row_on_mesh
 from models.qwen35_moe import Qwen35MoeForCausalLM
 from models.qwen35_moe import config as C
@@ -77,7 +77,8 @@ def test_replicas_match_the_single_device_engine(model, reference, layout):
     meshes = replica_meshes(jax.devices(), shape)
     assert len(meshes) == int(layout[0])
     replica_model = tiny_model(moe_impl="ep") if layout.endswith("-ep") else model  # the same weights
-    engine = ReplicatedEngine(replica_model, meshes=meshes, num_slots=SLOTS, max_length=MAX_LEN)
+    engine = ReplicatedEngine(replica_model, EngineSettings(num_slots=SLOTS * len(meshes), max_length=MAX_LEN,
+                                                            replicas=meshes))
     got = two_turns(engine)
     assert sorted(got) == sorted(reference)
     for rid, (tokens, logprobs, history) in reference.items():
@@ -103,8 +104,8 @@ def test_bf16_replica_weights_decode_like_a_bf16_engine(model):
     bf16 = nnx.clone(model)
     nnx.update(bf16, jax.tree.map(lambda a: a.astype(jnp.bfloat16), nnx.state(bf16)))
     reference = Engine(bf16, num_slots=SLOTS, max_length=MAX_LEN)
-    engine = ReplicatedEngine(model, meshes=replica_meshes(jax.devices(), {"data": 2, "tensor": 2}),
-                              num_slots=SLOTS, max_length=MAX_LEN, param_dtype="bfloat16")
+    engine = ReplicatedEngine(model, EngineSettings(num_slots=SLOTS * 2, max_length=MAX_LEN, param_dtype="bfloat16",
+                                                    replicas=replica_meshes(jax.devices(), {"data": 2, "tensor": 2})))
     assert {leaf.dtype for leaf in jax.tree.leaves(engine.engines[1].sampler._weights[0])} == {jnp.dtype("bfloat16")}
     for e in (reference, engine):
         for i, prompt in enumerate(PROMPTS[:4]):
@@ -187,8 +188,8 @@ def test_a_new_request_goes_to_a_replica_with_an_unclaimed_slot(model):
     """2 replicas x 2 slots. Three kept first turns park both slots of replica 0 and one of replica 1; a continuation
     waits on replica 1 for its parent's slot (load 2 = replica 0's). A new request then belongs on replica 1's free
     slot: on replica 0 it would find every slot parked and the engine would refuse to run."""
-    engine = ReplicatedEngine(model, meshes=replica_meshes(jax.devices()[:2], {"data": 1}), num_slots=2,
-                              max_length=MAX_LEN)
+    engine = ReplicatedEngine(model, EngineSettings(num_slots=2 * 2, max_length=MAX_LEN,
+                                                    replicas=replica_meshes(jax.devices()[:2], {"data": 1})))
     for i in range(3):
         engine.submit(Request(i, PROMPTS[i], max_new_tokens=2, temperature=0.0, keep_cache=True))
     engine.run()

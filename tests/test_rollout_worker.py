@@ -9,6 +9,8 @@ import pytest
 from flax import nnx
 from test_rollout_episode import BROWSE, ENTERPRISE, REAL_BUDGETS, REAL_SAMPLING, chatty_model, tokenizer  # noqa: F401
 
+from mercury_jax.envs import make_episode
+from mercury_jax.rollout.settings import EngineSettings, EpisodeSettings
 from mercury_jax.rollout.worker import RolloutWorker
 
 TASKS = ENTERPRISE[:4] + BROWSE[:1]
@@ -30,10 +32,10 @@ def drain(worker, timeout: float) -> list:
             return received
 
 
-def make_worker(model, tokenizer, tasks, **options):  # noqa: F811
-    options = dict(dict(num_slots=2, budgets=REAL_BUDGETS, sampling=REAL_SAMPLING, steps_per_sync=4,
-                        devices=DEVICES), **options)
-    return RolloutWorker(model, tokenizer, tasks, **options)
+def make_worker(model, tokenizer, tasks, *, environment=make_episode, **options):  # noqa: F811
+    settings = EpisodeSettings(budgets=REAL_BUDGETS, sampling=REAL_SAMPLING, environment=environment)
+    return RolloutWorker(model, tokenizer, tasks, settings, EngineSettings(num_slots=2, steps_per_sync=4,
+                                                                           devices=DEVICES), **options)
 
 
 def test_every_trajectory_reaches_the_queue_exactly_once(model, tokenizer):  # noqa: F811
@@ -124,7 +126,7 @@ def test_failing_environments_cost_their_episodes_and_the_worker_goes_on(model, 
 
     tasks = twelve_tasks()
     worker = make_worker(model, tokenizer, iter(tasks),
-                         episode_factory=failing_factory({"open": "t03", "grade": "t08"})).start()
+                         environment=failing_factory({"open": "t03", "grade": "t08"})).start()
     received = drain(worker, timeout=120)
     worker.join()
     assert sorted(t.task_id for t in received) == [t["task_id"] for t in tasks if t["task_id"] not in ("t03", "t08")]

@@ -38,7 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 TOTAL_STEPS, KILLED_AT, CRITIC_ONLY = 3, 2, 1
 # wall-clock figures, and the slot occupancy: which decode chunk a continuation joins depends on when its tool call
 # returns (its tokens do not: they depend on the request's seed and id)
-TIMING_KEYS = ("tokens_per_s", "rollout_s", "learner_s", "step_time_s", "rollout_busy_s", "slot_occupancy")
+TIMING_KEYS = ("tokens_per_s", "rollout_s", "learner_s", "step_time_s", "rollout_busy_s", "slot_occupancy",
+               "barrier_wait_s")
 
 
 def tiny_sao_config(steps: int):

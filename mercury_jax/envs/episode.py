@@ -2,6 +2,7 @@
 
     async with make_episode(task) as episode:
         tools = await episode.tools()                    # OpenAI-style schemas for render(messages, tools)
+        messages, ids = episode.prompt(tokenizer, tools)  # the task's system and user prompts, rendered
         observation = await episode.call(tool_call)      # parsed ToolCall -> ToolObservation (via MCPToolbox)
         result = episode.grade(final_answer_text, transcript)
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from mercury_jax.chat.chat_ids import chat_ids
 from mercury_jax.envs.browse.oracle import OracleConfig
 from mercury_jax.envs.browse.oracle import oracle_trajectory as browse_oracle
 from mercury_jax.envs.browse.sufficiency import answer_shown, evidence_sufficient
@@ -33,6 +35,16 @@ from mercury_jax.envs.enterprise.toolkit import blocking
 from mercury_jax.envs.enterprise.toolset import make_tools
 from mercury_jax.envs.mcp_adapter import DEFAULT_MAX_RESULT_CHARS, MCPToolbox, ToolObservation, build_server
 from mercury_jax.envs.tool_threads import run_blocking
+
+
+def task_prompt(task: Mapping, tokenizer, tools: list[dict], *,
+                enable_thinking: bool = True) -> tuple[list[dict], list[int]]:
+    """(the chat messages of a task's prompt, their ids ending in the assistant's generation prompt): its system
+    prompt (when it has one) and its user prompt, rendered with `tools` (message text never becomes control ids)."""
+    messages = [{"role": "user", "content": task["user_prompt"]}]
+    if task.get("system_prompt"):
+        messages.insert(0, {"role": "system", "content": task["system_prompt"]})
+    return messages, chat_ids(tokenizer, messages, tools, add_generation_prompt=True, enable_thinking=enable_thinking)
 
 
 class Episode:
@@ -70,6 +82,9 @@ class Episode:
 
     async def tools(self) -> list[dict]:
         return await self._open().list_tools()
+
+    def prompt(self, tokenizer, tools: list[dict], *, enable_thinking: bool = True) -> tuple[list[dict], list[int]]:
+        return task_prompt(self.task, tokenizer, tools, enable_thinking=enable_thinking)
 
     async def call(self, tool_call) -> ToolObservation:
         observation = await self._open().call(tool_call)

@@ -3,7 +3,7 @@
     generate(model, prompts, *, max_new_tokens, ...)   -> list[Sample]   one-shot API
     Engine(model, num_slots=, max_length=)             continuous batching; Request(continue_from=) for multi-turn
     Engine(..., mesh=, param_dtype=)                   one replica: weights and cache sharded over its mesh
-    ReplicatedEngine(model, meshes=replica_meshes(devices, {"tensor": 4}), num_slots=, max_length=)
+    ReplicatedEngine(model, EngineSettings(num_slots=, max_length=, replicas=replica_meshes(devices, {"tensor": 4})))
                                                        R replicas as one engine (replicas.py)
     Sampler                                            the jitted prefill / decode over slots
     sampling.sample_tokens                             temperature / top-k / top-p, recorded log-probs
@@ -13,19 +13,22 @@ from mercury_jax.rollout.generate import generate
 from mercury_jax.rollout.layout import replica_meshes
 from mercury_jax.rollout.replicas import ReplicatedEngine
 from mercury_jax.rollout.sampler import Sampler
+from mercury_jax.rollout.settings import Budgets, EngineSettings, EnvLimits, EpisodeSettings, SamplingParams
 
-__all__ = ["Engine", "ReplicatedEngine", "Request", "Sample", "Sampler", "generate", "replica_meshes"]
+__all__ = ["Budgets", "Engine", "EngineSettings", "EnvLimits", "EpisodeSettings", "ReplicatedEngine", "Request",
+           "Sample", "Sampler", "SamplingParams", "generate", "replica_meshes"]
 
 # Episodes and the asynchronous worker (issue 6):
-#     EpisodeRunner(engine, tokenizer, budgets=Budgets()).run(tasks)  -> list[Trajectory]   multi-turn MCP episodes
-#     RolloutWorker(model, tokenizer, tasks).start(); .get(); .publish(state, version); .stats(); .stop()
+#     EpisodeRunner(engine, tokenizer, EpisodeSettings(budgets=Budgets())).run(tasks) -> list[Trajectory]   MCP episodes
+#     RolloutWorker(model, tokenizer, tasks, EpisodeSettings(), EngineSettings()).start(); .get(); .publish(state,
+#         version); .stats(); .stop()
 #     trajectory_from_messages(tokenizer, messages, tools)           -> Trajectory (oracle chats, SFT warm starts)
 #     trainable(trajectories) -> (kept, dropped)    drops episodes an environment failure touched (failures.py)
-from mercury_jax.rollout.episode import Budgets, EpisodeRunner, SamplingParams  # noqa: E402
+from mercury_jax.rollout.episode import EpisodeRunner  # noqa: E402
 from mercury_jax.rollout.failures import EnvironmentFailure, EpisodeFailure, trainable  # noqa: E402
 from mercury_jax.rollout.messages import trajectory_from_messages  # noqa: E402
 from mercury_jax.rollout.trajectory import Trajectory, batch_trajectories  # noqa: E402
 from mercury_jax.rollout.worker import RolloutWorker  # noqa: E402
 
-__all__ += ["Budgets", "EnvironmentFailure", "EpisodeFailure", "EpisodeRunner", "RolloutWorker", "SamplingParams",
-            "Trajectory", "batch_trajectories", "trainable", "trajectory_from_messages"]
+__all__ += ["EnvironmentFailure", "EpisodeFailure", "EpisodeRunner", "RolloutWorker", "Trajectory",
+            "batch_trajectories", "trainable", "trajectory_from_messages"]

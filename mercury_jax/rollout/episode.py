@@ -2,7 +2,7 @@
 
 One episode (docs/ENVIRONMENTS.md section 4; docs/ALGORITHMS.md "Shared definitions"):
 
-    prompt = chat_ids(tokenizer, [system, user], tools, add_generation_prompt=True)   (message text: never control ids)
+    prompt = environment.prompt(tokenizer, tools)   (envs: system + user rendered; a pivot state: its prefix ids)
     loop:  sample a turn (stops: <|im_end|>, <|endoftext|>)  ->  parse_assistant(text, tools)
            no tool calls                      -> finish "answered"
            tool calls, turn budget spent      -> finish "turn_budget" (the calls are not executed)
@@ -12,8 +12,10 @@ One episode (docs/ENVIRONMENTS.md section 4; docs/ALGORITHMS.md "Shared definiti
     then   grade = ep.grade(final answer, transcript); reward, parts = reward_fn(task, trajectory, grade)
            (default `rewards.EffectsReward`: effects_fraction * behaviour multiplier)
 
-A task holding `prompt_ids` (and its chat `prefix`) starts from those ids instead of rendering its system and user
-prompts: a pivot state is such a task, run as a one-turn episode (`max_tool_turns = 0`, `prefix_episode.py`).
+The environment builds the prompt: a world's episode renders the task's system and user prompts (message text never
+becomes control ids); a pivot state's (`envs/prefix_episode.py`) is its chat prefix, already rendered, run as a
+one-turn episode (`max_tool_turns = 0`). What every episode shares (budgets, sampling, the environment factory and
+its limits, the reward) is one `settings.EpisodeSettings`.
 
 Finish reasons: "answered"; "turn_budget" (a tool-calling turn after `max_tool_turns` executed tool turns; the
 model always gets a turn to answer after its last allowed tool turn); "token_budget" (the turn was cut by
@@ -45,69 +47,37 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
+import itertools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
 
-from mercury_jax.chat import chat_ids, observation_ids, parse_assistant
+from mercury_jax.chat import observation_ids, parse_assistant
 from mercury_jax.chat.tokenizer import Tokenizer
-from mercury_jax.envs import BehaviourConfig, make_episode
 from mercury_jax.envs.tool_threads import run_blocking
 from mercury_jax.rollout.decode import decode_known
 from mercury_jax.rollout.engine import Request, Sample
+from mercury_jax.rollout.episode_record import EpisodeRecord
 from mercury_jax.rollout.failures import EnvironmentFailure, EpisodeFailure, failure_placeholder
-from mercury_jax.rollout.rewards import EffectsReward, Reward, plain
+from mercury_jax.rollout.rewards import plain
+from mercury_jax.rollout.settings import EpisodeSettings
 from mercury_jax.rollout.trajectory import Trajectory
 
 
-@dataclasses.dataclass(frozen=True)
-class Budgets:
-    """Per-episode limits. `max_turn_tokens` None: a turn may use whatever is left of `max_total_tokens`."""
-    max_tool_turns: int = 20
-    max_total_tokens: int = 24576
-    max_turn_tokens: int | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
-
-
 class EpisodeRunner:
-    """Runs episodes on `engine` (an `Engine`, or anything with its submit / step / results / release API).
+    """Runs episodes on `engine` (an `Engine`, or anything with its submit / step / results / release API) with
+    `settings` (budgets, sampling, environment and its limits, reward). `before_step()` runs before every engine
+    step (the worker swaps in published weights there); `failure_log_size`: how many `EpisodeFailure` records
+    `failures` keeps."""
 
-    `reward(task, trajectory, grade) -> (reward, parts)` scores a finished episode (None: `EffectsReward` with
-    `behaviour`); `episode_factory(task, **options)` opens its environment.
-
-    Environment limits: `call_timeout_s` (one tool call), `connect_timeout_s` (building the world, MCP connect and
-    tools/list; None: the episode's default), `max_result_chars` (cap on one observation; None: the episode's
-    default), `grade_timeout_s` (grading, judge included). `failure_log_size`: how many `EpisodeFailure` records
-    `failures` keeps.
-    """
-
-    def __init__(self, engine, tokenizer: Tokenizer, *, budgets: Budgets = Budgets(),
-                 sampling: SamplingParams = SamplingParams(), enable_thinking: bool = True,
-                 behaviour: BehaviourConfig = BehaviourConfig(), episode_factory: Callable[..., Any] = make_episode,
-                 call_timeout_s: float = 30.0, connect_timeout_s: float | None = None,
-                 max_result_chars: int | None = None, grade_timeout_s: float = 300.0, judge=None,
-                 overlap: bool = True, before_step: Callable[[], None] | None = None, failure_log_size: int = 256,
-                 reward: Reward | None = None):
-        self.engine, self.tokenizer = engine, tokenizer
-        self.reward = reward if reward is not None else EffectsReward(behaviour)
-        self.budgets, self.sampling, self.enable_thinking = budgets, sampling, enable_thinking
-        self.behaviour, self.episode_factory = behaviour, episode_factory
-        self.call_timeout_s, self.judge, self.overlap = call_timeout_s, judge, overlap
-        self.connect_timeout_s, self.max_result_chars = connect_timeout_s, max_result_chars
-        self.grade_timeout_s = grade_timeout_s
-        self.before_step = before_step
+    def __init__(self, engine, tokenizer: Tokenizer, settings: EpisodeSettings = EpisodeSettings(), *,
+                 overlap: bool = True, before_step: Callable[[], None] | None = None, failure_log_size: int = 256):
+        self.engine, self.tokenizer, self.settings = engine, tokenizer, settings
+        self.budgets, self.sampling, self.reward = settings.budgets, settings.sampling, settings.scorer()
+        self.overlap, self.before_step = overlap, before_step
         self.failures: collections.deque[EpisodeFailure] = collections.deque(maxlen=failure_log_size)
         self.env_failures = 0  # episodes whose environment failed (any stage but "close")
         self.env_failure_stages: collections.Counter[str] = collections.Counter()
-        self.request_stride = budgets.max_tool_turns + 1  # tool turns + the answer turn
+        self.request_stride = self.budgets.max_tool_turns + 1  # tool turns + the answer turn
         self.stop_token_ids = tuple(tokenizer.stop_token_ids)
         self._futures: dict[int, asyncio.Future] = {}
         self._inbox: list[Request] = []
@@ -192,115 +162,116 @@ class EpisodeRunner:
     # -- one episode --
 
     async def _episode(self, task: Mapping, episode_id: int) -> Trajectory:
-        budgets, tok = self.budgets, self.tokenizer
         start = time.perf_counter()
-        timings = {"generate_s": 0.0, "tools_s": 0.0}
-        async with self._environment(task, episode_id) as ep:
+        async with self._environment(task, episode_id) as env:
             try:
-                tools = await ep.tools()
+                tools = await env.tools()
             except Exception as error:  # noqa: BLE001 (an MCP list_tools failure ends this episode only)
                 raise self._env_failure(task, episode_id, "open", error) from error
-            if "prompt_ids" in task:  # a chat prefix, already rendered (a pivot state)
-                prompt_messages, prompt = list(task.get("prefix", ())), list(task["prompt_ids"])
-            else:
-                prompt_messages = [{"role": "system", "content": task.get("system_prompt") or ""},
-                                   {"role": "user", "content": task["user_prompt"]}]
-                if not prompt_messages[0]["content"]:
-                    prompt_messages = prompt_messages[1:]
-                prompt = chat_ids(tok, prompt_messages, tools, add_generation_prompt=True,
-                                  enable_thinking=self.enable_thinking)
-            traj = {"tokens": list(prompt), "action_mask": [0] * len(prompt), "rollout_logprobs": [0.0] * len(prompt),
-                    "policy_versions": [-1] * len(prompt)}
-            spans, texts, calls, results, format_errors = [], [], [], [], []
-            transcript = list(prompt_messages)
-            limit = min(budgets.max_total_tokens, getattr(self.engine, "max_length", budgets.max_total_tokens))
+            prompt_messages, prompt = env.prompt(self.tokenizer, tools, enable_thinking=self.settings.enable_thinking)
+            record = EpisodeRecord(list(prompt), list(prompt_messages))
+            budget = self.budgets.max_total_tokens
+            limit = min(budget, getattr(self.engine, "max_length", budget))
             if len(prompt) >= limit:
                 raise ValueError(f"task {task.get('task_id')}: prompt of {len(prompt)} tokens leaves no room under "
                                  f"the token budget {limit}")
-            feed, parent, tool_turns, finish, final_text, turn = prompt, None, 0, None, "", 0
-            last_request = None
-            try:
-                while finish is None:
-                    room = limit - len(traj["tokens"])
-                    max_new = room if budgets.max_turn_tokens is None else min(room, budgets.max_turn_tokens)
-                    request_id = episode_id * self.request_stride + turn
-                    t0 = time.perf_counter()
-                    sample = await self._generate(Request(
-                        request_id, feed, max_new_tokens=max_new, temperature=self.sampling.temperature,
-                        top_p=self.sampling.top_p, top_k=self.sampling.top_k, seed=self.sampling.seed,
-                        stop_token_ids=self.stop_token_ids, continue_from=parent, keep_cache=True))
-                    timings["generate_s"] += time.perf_counter() - t0
-                    last_request = request_id
-                    n = len(sample.tokens)
-                    spans.append((len(traj["tokens"]), len(traj["tokens"]) + n))
-                    traj["tokens"] += sample.tokens
-                    traj["action_mask"] += [1] * n
-                    traj["rollout_logprobs"] += [float(x) for x in sample.logprobs]
-                    traj["policy_versions"] += [int(v) for v in sample.policy_versions]
-                    text, unknown = decode_known(tok, sample.tokens)
-                    if unknown:
-                        format_errors.append(f"turn {turn}: sampled ids outside the tokenizer's vocabulary: {unknown}")
-                    texts.append(text)
-                    parsed = parse_assistant(text, tools)
-                    transcript.append(parsed.to_message())
-                    if sample.finish_reason != "stop":
-                        format_errors.append(f"turn {turn}: cut off after {n} tokens without a stop token")
-                        finish = "token_budget" if n >= room else "degenerate"
-                        break
-                    format_errors += [f"turn {turn}: {e}" for e in parsed.errors]
-                    if not parsed.tool_calls:
-                        finish, final_text = "answered", parsed.content
-                        break
-                    if tool_turns >= budgets.max_tool_turns:
-                        finish = "turn_budget"
-                        break
-                    tool_turns += 1
-                    t0 = time.perf_counter()
-                    observed = []
-                    for call in parsed.tool_calls:
-                        calls.append({"turn": turn, "name": call.name, "arguments": dict(call.arguments),
-                                      "ok": call.ok})
-                        observation = await self._call(ep, call)
-                        observed.append(observation["text"])
-                        results.append({"turn": turn, **observation})
-                        transcript.append({"role": "tool", "name": call.name, "content": observation["text"]})
-                    timings["tools_s"] += time.perf_counter() - t0
-                    feed = observation_ids(tok, traj["tokens"], observed, enable_thinking=self.enable_thinking)
-                    if len(traj["tokens"]) + len(feed) + 1 > limit:
-                        finish = "token_budget"
-                        break
-                    traj["tokens"] += feed
-                    traj["action_mask"] += [0] * len(feed)
-                    traj["rollout_logprobs"] += [0.0] * len(feed)
-                    traj["policy_versions"] += [-1] * len(feed)
-                    parent, turn = request_id, turn + 1
-            finally:
-                if last_request is not None:
-                    self._release(last_request)
-            t0 = time.perf_counter()
-            try:
-                grade = await run_blocking(ep.grade, final_text, transcript, timeout_s=self.grade_timeout_s)
-            except Exception as error:  # noqa: BLE001 (a grader that raises or hangs ends this episode only)
-                if isinstance(error, TimeoutError):
-                    error = TimeoutError(f"grading did not finish within grade_timeout_s={self.grade_timeout_s:g} s")
-                raise self._env_failure(task, episode_id, "grade", error, **traj, prompt_length=len(prompt),
-                                        turn_spans=spans, tool_calls=calls, tool_results=results,
-                                        format_errors=format_errors, assistant_texts=texts,
-                                        finish_reason=finish, timings=timings) from error
-            timings["grade_s"] = time.perf_counter() - t0
-        timings["total_s"] = time.perf_counter() - start
-        spoiled = next((r for r in results if r.get("failure")), None)
+            await self._turns(env, tools, record, episode_id, limit)
+            grade = await self._grade(env, task, episode_id, record)
+        record.timings["total_s"] = time.perf_counter() - start
+        spoiled = next((r for r in record.results if r.get("failure")), None)
         env_failure = None
         if spoiled is not None:  # delivered (for the logs) but marked: the trainers drop it
             env_failure = f"tool {spoiled['name']!r} at turn {spoiled['turn']}: {spoiled['failure']}"
             self._record(task, episode_id, "tool", env_failure)
-        trajectory = Trajectory(
-            task_id=str(task.get("task_id", "")), prompt_length=len(prompt), turn_spans=spans, tool_calls=calls,
-            tool_results=results, format_errors=format_errors, assistant_texts=texts, finish_reason=finish,
-            timings=timings, env_failure=env_failure, **traj)
+        trajectory = record.trajectory(str(task.get("task_id", "")), env_failure)
         reward, parts = self.reward(task, trajectory, grade)
         trajectory.reward, trajectory.reward_parts = reward, plain(parts)
         return trajectory
+
+    async def _turns(self, env, tools: list[dict], record: EpisodeRecord, episode_id: int, limit: int) -> None:
+        """Sample turns and execute their tool calls until the episode finishes (`record.finish` set); the last
+        turn's slot is released however this ends."""
+        feed, parent, last_request = record.prompt, None, None
+        try:
+            for turn in itertools.count():
+                request_id = episode_id * self.request_stride + turn
+                room = limit - len(record.tokens)
+                sample = await self._sample(feed, parent, request_id, room, record)
+                last_request = request_id
+                calls = self._read_turn(sample, tools, turn, room, record)
+                if record.finish is not None:
+                    return
+                feed = await self._observe(env, calls, turn, record)
+                if len(record.tokens) + len(feed) + 1 > limit:
+                    record.finish = "token_budget"
+                    return
+                record.add_inserted(feed)
+                parent = request_id
+        finally:
+            if last_request is not None:
+                self._release(last_request)
+
+    async def _sample(self, feed: list[int], parent: int | None, request_id: int, room: int,
+                      record: EpisodeRecord) -> Sample:
+        """One turn from the engine: `feed` continues the parent request's sequence (its cache kept)."""
+        budgets, sampling = self.budgets, self.sampling
+        max_new = room if budgets.max_turn_tokens is None else min(room, budgets.max_turn_tokens)
+        t0 = time.perf_counter()
+        sample = await self._generate(Request(
+            request_id, feed, max_new_tokens=max_new, temperature=sampling.temperature, top_p=sampling.top_p,
+            top_k=sampling.top_k, seed=sampling.seed, stop_token_ids=self.stop_token_ids, continue_from=parent,
+            keep_cache=True))
+        record.timings["generate_s"] += time.perf_counter() - t0
+        record.add_sampled(sample)
+        return sample
+
+    def _read_turn(self, sample: Sample, tools: list[dict], turn: int, room: int, record: EpisodeRecord) -> list:
+        """Parse a sampled turn into the record; sets `record.finish` when the episode ends with it, else returns
+        the tool calls to execute."""
+        n = len(sample.tokens)
+        text, unknown = decode_known(self.tokenizer, sample.tokens)
+        if unknown:
+            record.format_errors.append(f"turn {turn}: sampled ids outside the tokenizer's vocabulary: {unknown}")
+        record.texts.append(text)
+        parsed = parse_assistant(text, tools)
+        record.transcript.append(parsed.to_message())
+        if sample.finish_reason != "stop":
+            record.format_errors.append(f"turn {turn}: cut off after {n} tokens without a stop token")
+            record.finish = "token_budget" if n >= room else "degenerate"
+            return []
+        record.format_errors += [f"turn {turn}: {e}" for e in parsed.errors]
+        if not parsed.tool_calls:
+            record.finish, record.final_text = "answered", parsed.content
+        elif turn >= self.budgets.max_tool_turns:  # every turn before this one executed its tools
+            record.finish = "turn_budget"
+        return list(parsed.tool_calls)
+
+    async def _observe(self, env, calls: list, turn: int, record: EpisodeRecord) -> list[int]:
+        """Execute a turn's tool calls; returns the observation ids that continue the sequence."""
+        t0 = time.perf_counter()
+        observed = []
+        for call in calls:
+            record.calls.append({"turn": turn, "name": call.name, "arguments": dict(call.arguments), "ok": call.ok})
+            observation = await self._call(env, call)
+            observed.append(observation["text"])
+            record.results.append({"turn": turn, **observation})
+            record.transcript.append({"role": "tool", "name": call.name, "content": observation["text"]})
+        record.timings["tools_s"] += time.perf_counter() - t0
+        return observation_ids(self.tokenizer, record.tokens, observed, enable_thinking=self.settings.enable_thinking)
+
+    async def _grade(self, env, task: Mapping, episode_id: int, record: EpisodeRecord) -> dict:
+        """The environment's grade of the finished episode, within `grade_timeout_s`; a grader that raises or
+        hangs is an environment failure of this episode (its placeholder keeps the tokens)."""
+        timeout_s = self.settings.limits.grade_timeout_s
+        t0 = time.perf_counter()
+        try:
+            grade = await run_blocking(env.grade, record.final_text, record.transcript, timeout_s=timeout_s)
+        except Exception as error:  # noqa: BLE001 (a grader that raises or hangs ends this episode only)
+            if isinstance(error, TimeoutError):
+                error = TimeoutError(f"grading did not finish within grade_timeout_s={timeout_s:g} s")
+            raise self._env_failure(task, episode_id, "grade", error, **record.columns()) from error
+        record.timings["grade_s"] = time.perf_counter() - t0
+        return grade
 
     async def _call(self, ep, call) -> dict:
         """One tool call as an observation dict (with "failure" when the environment spoiled it); nothing a tool
@@ -318,19 +289,13 @@ class EpisodeRunner:
             result["failure"] = failure
         return result
 
-    def _episode_options(self) -> dict:
-        options = {"call_timeout_s": self.call_timeout_s}
-        for name in ("connect_timeout_s", "max_result_chars", "judge"):
-            if getattr(self, name) is not None:  # unset: the episode factory's own default
-                options[name] = getattr(self, name)
-        return options
-
     # -- environment failures --
 
     @contextlib.asynccontextmanager
     async def _environment(self, task: Mapping, episode_id: int):
         """The opened episode; an open failure raises `EnvironmentFailure`, a close failure is only recorded."""
-        ep = self.episode_factory(task, **self._episode_options())  # a bad task (unknown world) raises here
+        # a bad task (unknown world) raises here
+        ep = self.settings.environment(task, **self.settings.limits.episode_options())
         try:
             await ep.__aenter__()
         except Exception as error:  # noqa: BLE001 (world building / MCP connect failures end this episode only)

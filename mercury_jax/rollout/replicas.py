@@ -1,13 +1,15 @@
 """Several engine replicas over the rollout devices, behind the one-engine interface.
 
     meshes = replica_meshes(rollout_devices, {"tensor": 4})        # R = len(devices) / 4 replicas
-    engine = ReplicatedEngine(model, meshes=meshes, num_slots=32, max_length=24_576, param_dtype="bfloat16")
+    engine = ReplicatedEngine(model, EngineSettings(num_slots=R * 32, max_length=24_576, replicas=meshes,
+                                                    param_dtype="bfloat16"))
     engine.submit(Request(...)); engine.run(); engine.results[request_id]
 
 Each replica is an `Engine` on its own mesh (weights cast to `param_dtype` and sharded, cache sharded with them)
-with its own `num_slots` slots and continuous batching. A new request goes to the least-loaded replica among those
-with an unclaimed slot (neither running, parked by a `keep_cache` sequence, nor wanted by a queued request): a
-replica whose slots are all parked would refuse it ("every slot is parked") while another has room. A continuation
+with its own share of `num_slots` (the whole group's, split evenly) and continuous batching. A new request goes to
+the least-loaded replica among those with an unclaimed slot (neither running, parked by a `keep_cache` sequence,
+nor wanted by a queued request): a replica whose slots are all parked would refuse it ("every slot is parked")
+while another has room. A continuation
 goes to its parent's replica (where a `keep_cache` parent's cache is parked). `step()` dispatches
 every replica's decode chunk before collecting any, so the replicas decode at the same time. Results are one dict
 keyed by request id; a request's tokens depend only on (seed, request id, weights), not on its replica (sampling.py),
@@ -29,15 +31,15 @@ sampling. Every token records the version that sampled it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import jax
 from flax import nnx
-from jax.sharding import Mesh
 
 from mercury_jax.parallel.distributed import local_meshes
-from mercury_jax.rollout.engine import Engine, Request, Sample
+from mercury_jax.rollout.engine import Request, Sample
 from mercury_jax.rollout.publish import Publisher
+from mercury_jax.rollout.settings import EngineSettings
 
 
 def slots_per_replica(num_slots: int, replicas: int) -> int:
@@ -49,12 +51,14 @@ def slots_per_replica(num_slots: int, replicas: int) -> int:
 
 
 class ReplicatedEngine:
-    """R engines (one per mesh of `meshes`), `num_slots` slots each, as one engine of R x `num_slots` slots."""
+    """R engines (one per mesh of `settings.replicas`), `settings.num_slots / R` slots each, as one engine of
+    `settings.num_slots` slots."""
 
-    def __init__(self, model: nnx.Module, *, meshes: Sequence[Mesh], num_slots: int, max_length: int,
-                 steps_per_sync: int = 8, refill: bool = True, policy_version: int = 0, param_dtype=None,
-                 hbm_gib: float | None = None, weights_swap: str = "request", make_engine: Callable = Engine,
-                 weights: Sequence | None = None):
+    def __init__(self, model: nnx.Module, settings: EngineSettings, *, policy_version: int = 0,
+                 weights_swap: str = "request", weights: Sequence | None = None):
+        meshes, param_dtype = list(settings.replicas or ()), settings.param_dtype
+        if settings.max_length is None:
+            raise ValueError("ReplicatedEngine needs EngineSettings.max_length (the cache length of a slot)")
         if not meshes:
             raise ValueError("ReplicatedEngine needs at least one replica mesh (rollout.replica_meshes)")
         local = local_meshes(meshes)
@@ -67,10 +71,12 @@ class ReplicatedEngine:
             first = {"weights": dict(zip(self.local_replicas, weights))}
         elif jax.process_count() > 1:  # the first weights by the collective publish, on every process at once
             first = {"weights": dict(zip(self.local_replicas, self._published(model)))}
-        self.engines = [make_engine(model, num_slots=num_slots, max_length=max_length, steps_per_sync=steps_per_sync,
-                                    refill=refill, policy_version=policy_version, mesh=meshes[i],
-                                    param_dtype=param_dtype, hbm_gib=hbm_gib, weights_swap=weights_swap,
-                                    **({"weights": first["weights"][i]} if first else {}))
+        num_slots, max_length = slots_per_replica(settings.num_slots, len(meshes)), settings.max_length
+        self.engines = [settings.make_engine(model, num_slots=num_slots, max_length=max_length,
+                                             steps_per_sync=settings.steps_per_sync, policy_version=policy_version,
+                                             mesh=meshes[i], param_dtype=param_dtype, hbm_gib=settings.hbm_gib,
+                                             weights_swap=weights_swap,
+                                             **({"weights": first["weights"][i]} if first else {}))
                         for i in self.local_replicas]
         self._installed_version = policy_version  # what a process without replicas reports
         self.results: dict[int, Sample] = {}

@@ -1,18 +1,20 @@
 """The asynchronous rollout worker (docs/ALGORITHMS.md, SAO "Asynchrony"): episodes run continuously, and each finished
 trajectory goes to the learner's queue at once (no group barrier, no waiting for the slowest episode).
 
-    worker = RolloutWorker(model, tokenizer, tasks, num_slots=64, devices=jax.devices()[4:])
+    worker = RolloutWorker(model, tokenizer, tasks, EpisodeSettings(budgets=...),
+                           EngineSettings(num_slots=64, devices=jax.devices()[4:]))
     worker.start()                                  # background thread: an asyncio loop driving one Engine
     trajectory = worker.get(timeout=60)             # or worker.queue.get(); raises if the worker failed
     worker.publish(nnx.state(policy, nnx.Param), version=step)   # picked up between two decode chunks
     worker.stats()                                  # tokens/s, episodes/s, slot occupancy, queue depth, ...
     worker.stop()                                   # re-raises the worker's exception, if any
 
-The worker owns a copy of the model (placed, replicated, on the mesh of `devices` when given; `copy_model=False`
-hands it the model itself, e.g. one already built on its devices) and one `Engine`. With `replicas=` (meshes,
-`layout.replica_meshes`) it runs a `ReplicatedEngine` instead: `num_slots` split evenly over the replicas, weights
-cast to `param_dtype` and sharded per replica, a publish cast and moved device to device into every replica's
-layout before `publish` returns, and swapped by each replica between requests (no request mixes versions).
+The worker owns a copy of the model (placed, replicated, on the mesh of `EngineSettings.devices` when given;
+`copy_model=False` hands it the model itself, e.g. one already built on its devices) and one `Engine`. With
+`EngineSettings.replicas` (meshes, `layout.replica_meshes`) it runs a `ReplicatedEngine` instead: `num_slots`
+split evenly over the replicas, weights cast to `param_dtype` and sharded per replica, a publish cast and moved
+device to device into every replica's layout before `publish` returns, and swapped by each replica between
+requests (no request mixes versions).
 At most `num_slots` episodes are in flight; an episode keeps its place until its trajectory is in the (bounded)
 queue, so a slow learner slows the rollouts instead of piling up finished trajectories. Published weights are
 swapped in between decode chunks: in-flight episodes continue, and tokens sampled after the swap carry the new
@@ -20,7 +22,7 @@ version (`Trajectory.policy_versions`; `Trajectory.policy_version` is the oldest
 `first_episode_id`) runs on request ids e * stride + k, so given the same tasks, seed and weights an episode's
 tokens do not depend on what else runs.
 
-Tasks are numbered by episode id (`first_episode_id` on, or `(episode id, task)` pairs with `numbered=True`), and
+Tasks are numbered by episode id (from 0, or `(episode id, task)` pairs with `numbered=True`), and
 every queued trajectory carries its `episode_id`. An environment that fails to open or to grade costs its episode
 only: nothing is queued for it (with `queue_failures=True` its placeholder is, `env_failure` set), the failure is in
 `worker.failures` and `stats()["env_failures"]`, and the worker goes on. Trajectories a tool failure touched are
@@ -29,6 +31,7 @@ queued with `env_failure` set; trainers drop them with `rollout.failures.trainab
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import queue
 import threading
 import time
@@ -40,51 +43,44 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from mercury_jax.chat.tokenizer import Tokenizer
-from mercury_jax.rollout.engine import Engine
-from mercury_jax.rollout.episode import Budgets, EpisodeRunner, SamplingParams
+from mercury_jax.rollout.episode import EpisodeRunner
 from mercury_jax.rollout.failures import EnvironmentFailure, EpisodeFailure
-from mercury_jax.rollout.replicas import ReplicatedEngine, slots_per_replica
+from mercury_jax.rollout.replicas import ReplicatedEngine
+from mercury_jax.rollout.settings import EngineSettings, EpisodeSettings
 from mercury_jax.rollout.trajectory import Trajectory
 
 
 class RolloutWorker:
     """Runs episodes over `tasks` until they run out or `stop()`; pushes each trajectory to `queue` once."""
 
-    def __init__(self, model: nnx.Module, tokenizer: Tokenizer, tasks: Iterable[Mapping], *, num_slots: int = 8,
-                 max_length: int | None = None, steps_per_sync: int = 8, budgets: Budgets = Budgets(),
-                 sampling: SamplingParams = SamplingParams(), queue_size: int = 1024,
-                 out_queue: queue.Queue | None = None, devices=None, policy_version: int = 0,
-                 first_episode_id: int = 0, copy_model: bool = True, make_engine=Engine, replicas=None,
-                 param_dtype=None, hbm_gib: float | None = None, numbered: bool = False,
-                 queue_failures: bool = False, **runner_options):
+    def __init__(self, model: nnx.Module, tokenizer: Tokenizer, tasks: Iterable[Mapping],
+                 settings: EpisodeSettings = EpisodeSettings(), engine: EngineSettings = EngineSettings(), *,
+                 queue_size: int = 1024, policy_version: int = 0, copy_model: bool = True, numbered: bool = False,
+                 queue_failures: bool = False):
         self.sharding = None
-        max_length = max_length or budgets.max_total_tokens
-        if replicas is not None:
+        max_length = engine.length(settings.budgets)
+        if engine.replicas is not None:
             self.model = model  # each replica casts and places its own copy
             self._placement = None
-            self.engine = ReplicatedEngine(model, meshes=replicas,
-                                           num_slots=slots_per_replica(num_slots, len(replicas)),
-                                           max_length=max_length, steps_per_sync=steps_per_sync,
-                                           policy_version=policy_version, param_dtype=param_dtype, hbm_gib=hbm_gib,
-                                           make_engine=make_engine)
+            self.engine = ReplicatedEngine(model, dataclasses.replace(engine, max_length=max_length),
+                                           policy_version=policy_version)
         else:
-            if devices is not None:
-                self.sharding = NamedSharding(Mesh(np.asarray(list(devices)), ("replica",)), PartitionSpec())
+            if engine.devices is not None:
+                self.sharding = NamedSharding(Mesh(np.asarray(list(engine.devices)), ("replica",)), PartitionSpec())
             self.model = nnx.clone(model) if copy_model else model  # copy_model=False: `model` is the worker's own
             if self.sharding is not None:
                 nnx.update(self.model, jax.device_put(nnx.state(self.model), self.sharding))
             # where every weight lives: published weights (e.g. from the learner's mesh) are moved here on the swap
             self._placement = jax.tree.map(lambda x: x.sharding, nnx.state(self.model))
-            self.engine = make_engine(self.model, num_slots=num_slots, max_length=max_length,
-                                      steps_per_sync=steps_per_sync, policy_version=policy_version)
+            self.engine = engine.make_engine(self.model, num_slots=engine.num_slots, max_length=max_length,
+                                             steps_per_sync=engine.steps_per_sync, policy_version=policy_version)
             if self.sharding is not None:
                 self.engine.state = jax.device_put(self.engine.state, self.sharding)
-        self.runner = EpisodeRunner(self.engine, tokenizer, budgets=budgets, sampling=sampling,
-                                    before_step=self._apply_published, **runner_options)
-        self.queue: queue.Queue[Trajectory] = out_queue if out_queue is not None else queue.Queue(queue_size)
-        self.num_slots = num_slots
-        # (episode id, task) pairs: numbered by the caller, or counted from `first_episode_id`
-        self._tasks = iter(tasks) if numbered else enumerate(tasks, start=first_episode_id)
+        self.runner = EpisodeRunner(self.engine, tokenizer, settings, before_step=self._apply_published)
+        self.queue: queue.Queue[Trajectory] = queue.Queue(queue_size)
+        self.num_slots = engine.num_slots
+        # (episode id, task) pairs: numbered by the caller, or counted from 0
+        self._tasks = iter(tasks) if numbered else enumerate(tasks)
         self.queue_failures = queue_failures
         self._published = None
         self._lock = threading.Lock()

@@ -28,11 +28,13 @@ from mercury_jax.rollout.engine import Engine
 from mercury_jax.rollout.episode import EpisodeRunner
 from mercury_jax.rollout.layout import replica_meshes
 from mercury_jax.rollout.replicas import ReplicatedEngine, slots_per_replica
+from mercury_jax.rollout.settings import EngineSettings
 from mercury_jax.rollout.sharded_runner import ShardedRunner
+from mercury_jax.train.config_defaults import setting
 from mercury_jax.train.placement import role_devices
 from mercury_jax.train.replica_restore import restore_into_replicas, restore_on_device
 from mercury_jax.train.run_reader import RunReader
-from mercury_jax.train.setup import episode_reward, rollout_budgets, rollout_replicas, rollout_sampling
+from mercury_jax.train.setup import episode_settings
 
 
 def default_load_policy(reader: RunReader, stage: str, step: int, dtype=None):
@@ -47,8 +49,8 @@ class CheckpointEngine:
                  make_engine: Callable = Engine):
         self.reader, self.stage, self.config = reader, stage, reader.config
         rollout = self.config.rollout
-        layout = rollout_replicas(rollout)
-        self.replica, self.param_dtype = layout["replica"], layout["param_dtype"]
+        self.replica = dict(setting(rollout, "replica") or {})
+        self.param_dtype = setting(rollout, "param_dtype") or None
         self.load_policy, self.make_engine = load_policy, make_engine
         self.engine = None
         self.meshes, self.owners = None, []
@@ -84,15 +86,14 @@ class CheckpointEngine:
             self.engine.offload()  # the previous checkpoint's weights are freed before the next one is read
         weights = restore_into_replicas(self.reader, self.stage, step, self.meshes, dtype=self.param_dtype)
         if self.engine is None:
-            self.engine = ReplicatedEngine(self.reader.abstract_policy(), meshes=self.meshes, num_slots=self.slots,
-                                           max_length=self.config.rollout.max_total_tokens, policy_version=step,
-                                           param_dtype=self.param_dtype, weights=weights)
+            settings = EngineSettings(num_slots=self.slots * len(self.meshes), replicas=self.meshes,
+                                      max_length=self.config.rollout.max_total_tokens, param_dtype=self.param_dtype)
+            self.engine = ReplicatedEngine(self.reader.abstract_policy(), settings, policy_version=step,
+                                           weights=weights)
         else:
             self.engine.install_weights(weights, step)
 
     def runner(self, seed: int):
         """An episode runner on the engine with the run's budgets, reward and sampling (seed `seed`)."""
-        rollout = self.config.rollout
-        runner = EpisodeRunner(self.engine, self.reader.tokenizer(), budgets=rollout_budgets(rollout),
-                               reward=episode_reward(self.config), sampling=rollout_sampling(rollout, seed))
+        runner = EpisodeRunner(self.engine, self.reader.tokenizer(), episode_settings(self.config, seed))
         return ShardedRunner(runner, self.owners) if jax.process_count() > 1 else runner

@@ -19,6 +19,7 @@ policy, saved before the first update (the checkpoint sweep compares every step 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -27,12 +28,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from mercury_jax.envs import make_episode
 from mercury_jax.envs.browse.stop_verifier import STOP_RULES
+from mercury_jax.envs.prefix_episode import PrefixEpisode
 from mercury_jax.parallel.distributed import all_gather_objects, fetch
 from mercury_jax.rl.advantages import group_advantages
-from mercury_jax.rollout.episode import Budgets
-from mercury_jax.rollout.prefix_episode import PrefixEpisode
 from mercury_jax.rollout.rewards import StopVerifierReward
 from mercury_jax.rollout.trajectory import Trajectory, batch_trajectories, padded_length
 from mercury_jax.train import setup
@@ -57,8 +56,9 @@ def run_grpo(config: ml_collections.ConfigDict, workdir: str | os.PathLike, seam
     """Warm start (when `sft.enabled`), then pivot GRPO; returns (actor model, metric history, reference
     (graphdef, state))."""
     run = RunDir(workdir)
-    model, tokenizer = starting_policy(config, run, mesh=role_meshes(config, ("actor",))["actor"])
-    algorithm = PivotGrpo(config, model, tokenizer, run.stage("grpo"), seams)
+    meshes = role_meshes(config, ("rollout", "actor", "reference"))
+    model, tokenizer = starting_policy(config, run, mesh=meshes["actor"])
+    algorithm = PivotGrpo(config, model, tokenizer, run.stage("grpo"), seams, meshes=meshes)
     history = run_loop(algorithm, run.stage("grpo"), grpo_cadence(config), train_cfg=config.get("train"),
                        rollouts=algorithm.rollouts, make_checkpointer=seams.make_checkpointer)
     return algorithm.actor.model(), history, (algorithm.reference_graphdef, algorithm.reference_state)
@@ -76,10 +76,11 @@ class PivotGrpo:
     plot_keys = ("reward", "outcome_correct_stop", "over_search_rate", "stop_rate_sufficient", "premature_rate",
                  "zero_variance_fraction", "kl", "clip_fraction", "grad_norm")
 
-    def __init__(self, config: ml_collections.ConfigDict, model, tokenizer, stage: StageDir, seams: Seams = Seams()):
+    def __init__(self, config: ml_collections.ConfigDict, model, tokenizer, stage: StageDir, seams: Seams = Seams(),
+                 *, meshes: dict | None = None):
         self.config, self.cfg, self.rcfg, self.tokenizer = config, config.grpo, config.rollout, tokenizer
         self.stage_dir, self.steps, self.logs = stage, config.grpo.steps, (stage.samples,)
-        self.meshes = role_meshes(config, ("rollout", "actor", "reference"))
+        self.meshes = meshes or role_meshes(config, ("rollout", "actor", "reference"))
         self.actor = state_on_mesh(model, self.cfg.actor_optimizer, self.meshes["actor"])
         self.reference_graphdef, self.reference_state = frozen_reference(model, jnp.dtype(self.cfg.reference_dtype),
                                                                          mesh=self.meshes["reference"])
@@ -87,13 +88,12 @@ class PivotGrpo:
         self.actor_step = make_grpo_step(self.actor.graphdef, self.actor.tx, self.cfg,
                                          state_shardings=step_shardings(self.actor))
         rules = dict(STOP_RULES, **self.cfg.stop_rules.to_dict())
-        one_turn = Budgets(max_tool_turns=0, max_total_tokens=self.rcfg.max_total_tokens,
-                           max_turn_tokens=self.rcfg.max_turn_tokens)
-        self.rollouts = Rollouts(model, tokenizer, mesh=self.meshes["rollout"], num_slots=self.rcfg.num_slots,
-                                 budgets=one_turn, sampling=setup.rollout_sampling(self.rcfg, config.seed),
-                                 reward=seams.reward or StopVerifierReward(tokenizer, rules),
-                                 make_engine=seams.make_engine, runner_options={"episode_factory": PrefixEpisode},
-                                 **setup.rollout_replicas(self.rcfg))
+        episodes = setup.episode_settings(config, config.seed,
+                                          reward=seams.reward or StopVerifierReward(tokenizer, rules))
+        one_turn = dataclasses.replace(episodes.budgets, max_tool_turns=0)  # a pivot state: its stop decision only
+        self.rollouts = Rollouts(model, tokenizer,
+                                 dataclasses.replace(episodes, budgets=one_turn, environment=PrefixEpisode),
+                                 setup.engine_settings(config, self.meshes["rollout"], seams.make_engine))
         states = seams.tasks("train") if seams.tasks else self.pivot_states()
         self.stream = TaskStream(states, config.seed)
 
@@ -173,9 +173,8 @@ class PivotGrpo:
             tasks = setup.world_tasks(pivot_world(config), "train")
             run_episodes = None
             if cfg.pivot_source == "policy":
-                runner = self.rollouts.evaluator(config.seed + PIVOT_EPISODE_SEED_OFFSET,
-                                                 budgets=setup.rollout_budgets(rcfg),
-                                                 reward=setup.episode_reward(config), episode_factory=make_episode)
+                seed = config.seed + PIVOT_EPISODE_SEED_OFFSET  # whole browsing episodes with the world's reward
+                runner = self.rollouts.evaluator(seed, setup.episode_settings(config, seed))
                 run_episodes = runner.run
             t0 = time.perf_counter()
             counts = build_pivots(tasks, path, source=cfg.pivot_source, oracle_options=config.oracle.to_dict(),

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from mercury_jax.envs.browse.stop_verifier import STOP_RULES
 from mercury_jax.rl.aggregation import LOSS_AGG_MODES
+from mercury_jax.train.config_defaults import setting
 from mercury_jax.train.pivot_data import SOURCES
 from mercury_jax.train.validate import ConfigError, check_micro_batches, role_row_shards
 
@@ -29,7 +30,7 @@ def check_config(config) -> None:
         raise ConfigError(f"a minibatch of {rows // g.minibatches} rows (grpo.batch_states x grpo.group_size / "
                           f"grpo.minibatches) is not divisible by the {shards} row shards of the actor mesh {sizes} "
                           f"(data x fsdp x expert); change grpo.batch_states or mesh.actor / devices.actor")
-    check_micro_batches("grpo.micro_batches", g.get("micro_batches", 1), rows // g.minibatches, shards,
+    check_micro_batches("grpo.micro_batches", setting(g, "micro_batches"), rows // g.minibatches, shards,
                          "grpo.batch_states x grpo.group_size / grpo.minibatches", "actor")
     shards, sizes = role_row_shards(config, "reference")
     if rows % shards:

@@ -19,6 +19,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from mercury_jax.train.config_defaults import setting
+
 POLICIES = ("raise", "skip")
 
 
@@ -56,9 +58,9 @@ class NonFiniteGuard:
     def from_config(cls, train_cfg, *, name: str, history: list[dict] = ()) -> NonFiniteGuard:
         """From a config's `train` section (None or missing fields: raise). A resumed run continues the count of
         its earlier steps (the last `nonfinite_skipped` of `history`)."""
-        get = (lambda key, default: train_cfg.get(key, default)) if train_cfg is not None else (lambda k, d: d)
         skipped = next((r["nonfinite_skipped"] for r in reversed(list(history)) if "nonfinite_skipped" in r), 0)
-        return cls(get("nonfinite", "raise"), get("max_skipped", 0), name=name, skipped=int(skipped))
+        return cls(setting(train_cfg, "nonfinite"), setting(train_cfg, "max_skipped"), name=name,
+                   skipped=int(skipped))
 
     def check(self, step: int, metrics: dict, *, what: str = "update") -> bool:
         """True when the update of these host `metrics` (with `loss`, `grad_norm`) was finite, hence applied. A

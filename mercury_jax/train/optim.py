@@ -8,17 +8,19 @@ from __future__ import annotations
 import ml_collections
 import optax
 
+from mercury_jax.train.config_defaults import setting
+
 
 def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
     """From fields lr, warmup_steps, b1, b2, eps, weight_decay, grad_clip (0 = off)."""
     schedule = optax.constant_schedule(cfg.lr)
-    if cfg.get("warmup_steps", 0):
+    if setting(cfg, "warmup_steps"):
         schedule = optax.join_schedules(
             [optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps), optax.constant_schedule(cfg.lr)],
             [cfg.warmup_steps])
     parts = []
-    if cfg.get("grad_clip", 0.0):
+    if setting(cfg, "grad_clip"):
         parts.append(optax.clip_by_global_norm(cfg.grad_clip))
-    parts.append(optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.get("eps", 1e-8),
-                             weight_decay=cfg.get("weight_decay", 0.0)))
+    parts.append(optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=setting(cfg, "eps"),
+                             weight_decay=setting(cfg, "weight_decay")))
     return optax.chain(*parts)

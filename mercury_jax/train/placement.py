@@ -25,6 +25,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from mercury_jax.parallel import make_mesh, mesh_axis_sizes, shard_params
 from mercury_jax.parallel.distributed import from_host
+from mercury_jax.train.config_defaults import setting
 from mercury_jax.train.optim import make_optimizer
 from mercury_jax.train.state import TrainState
 
@@ -57,7 +58,7 @@ def role_meshes(config, roles: Iterable[str], devices=None) -> dict:
     `GROUP_ORDER`), shaped by `role_mesh_sizes`."""
     groups = {name: config.devices[name] for name in sorted(config.devices, key=GROUP_ORDER.index)}
     devices = jax.devices() if devices is None else list(devices)
-    layout = config.get("device_layout", "consecutive")
+    layout = setting(config, "device_layout")
     devices = device_groups(groups, devices, layout) if any(groups.values()) else {g: devices[:1] for g in groups}
     return {role: make_mesh(role_mesh_sizes(config, role), devices=devices[DEVICE_GROUP_OF.get(role, role)])
             for role in roles}

@@ -1,9 +1,10 @@
 """The rollout side of a run: episodes sampled with the weights the learner last published.
 
-With `replica` (one replica's mesh shape, config `rollout.replica`) the engine is a `ReplicatedEngine` over the
-rollout devices instead: R = devices / replica size replicas, `num_slots / R` slots each, weights cast to
-`param_dtype` and published device to device into every replica's layout (a replica swaps them between its
-requests). Without it, as follows.
+The episodes' settings and the engine's come whole (`rollout/settings.py`, built from the config by
+`setup.episode_settings` / `setup.engine_settings`). With replica meshes (config `rollout.replica`, one replica's
+mesh shape) the engine is a `ReplicatedEngine` over the rollout devices: R = devices / replica size replicas,
+`num_slots / R` slots each, weights cast to `param_dtype` and published device to device into every replica's
+layout (a replica swaps them between its requests). Without it, as follows.
 
 Sync mode: one `Engine` on the first rollout device; `run(tasks, first_episode_id)` samples a batch with the
 latest weights (episode e of the run is request block e with the run's seed, so a resumed run samples the same
@@ -33,10 +34,10 @@ import jax
 from flax import nnx
 
 from mercury_jax.rollout.engine import Engine
-from mercury_jax.rollout.episode import Budgets, EpisodeRunner, SamplingParams
+from mercury_jax.rollout.episode import EpisodeRunner
 from mercury_jax.rollout.failures import trainable
-from mercury_jax.rollout.layout import replica_meshes
-from mercury_jax.rollout.replicas import ReplicatedEngine, slots_per_replica
+from mercury_jax.rollout.replicas import ReplicatedEngine
+from mercury_jax.rollout.settings import EngineSettings, EpisodeSettings
 from mercury_jax.rollout.sharded_runner import ShardedRunner
 from mercury_jax.rollout.trajectory import Trajectory
 from mercury_jax.rollout.worker import RolloutWorker
@@ -56,45 +57,37 @@ class Seams:
 
 
 class Rollouts:
-    def __init__(self, model: nnx.Module, tokenizer, *, mesh, num_slots: int, budgets: Budgets,
-                 sampling: SamplingParams, reward: Callable | None, mode: str = "sync", version: int = 0,
-                 make_engine: Callable = Engine, max_staleness: int = 0, queue_size: int = 64, runner_options=None,
-                 replica=None, param_dtype=None):
+    """The run's rollout side: episodes with `settings` on the engine `engine` describes (`setup.engine_settings`:
+    the rollout devices, or replica meshes over them)."""
+
+    def __init__(self, model: nnx.Module, tokenizer, settings: EpisodeSettings, engine: EngineSettings, *,
+                 mode: str = "sync", version: int = 0, max_staleness: int = 0, queue_size: int = 64):
         if mode not in ("sync", "async"):
             raise ValueError(f"rollout.mode {mode!r} is not 'sync' or 'async'")
-        self.devices = list(mesh.devices.flat)
-        self.tokenizer, self.budgets, self.sampling, self.reward = tokenizer, budgets, sampling, reward
+        self.engine_settings = dataclasses.replace(engine, max_length=engine.length(settings.budgets))
+        self.devices, self.replicas = list(engine.devices), engine.replicas
+        self.tokenizer, self.settings = tokenizer, settings
         self.mode, self.version, self.max_staleness, self.queue_size = mode, version, max_staleness, queue_size
-        self.make_engine, self.num_slots = make_engine, num_slots
-        self.runner_options = dict(runner_options or {})
-        self.replicas = replica_meshes(self.devices, replica) if replica else None
-        self.param_dtype = param_dtype
-        if jax.process_count() > 1:
-            if self.replicas is None:
-                raise ValueError("a multi-process run samples on rollout replicas, each within one host; set "
-                                 "rollout.replica (e.g. {'tensor': 4} on v5p, whose hosts have 4 chips)")
+        if jax.process_count() > 1 and self.replicas is None:
+            raise ValueError("a multi-process run samples on rollout replicas, each within one host; set "
+                             "rollout.replica (e.g. {'tensor': 4} on v5p, whose hosts have 4 chips)")
         self.replica_owners = ([int(m.devices.flat[0].process_index) for m in self.replicas]
                                if self.replicas is not None else [])
         if self.replicas is None:
-            self.engine = make_engine(device_copy(model, self.devices[0]), num_slots=num_slots,
-                                      max_length=budgets.max_total_tokens, policy_version=version)
+            self.engine = engine.make_engine(device_copy(model, self.devices[0]), num_slots=engine.num_slots,
+                                             max_length=self.engine_settings.max_length, policy_version=version)
         else:
-            self.engine = ReplicatedEngine(model, meshes=self.replicas,
-                                           num_slots=slots_per_replica(num_slots, len(self.replicas)),
-                                           max_length=budgets.max_total_tokens, policy_version=version,
-                                           param_dtype=param_dtype, make_engine=make_engine)
-        self.runner = self.evaluator(sampling.seed)
+            self.engine = ReplicatedEngine(model, self.engine_settings, policy_version=version)
+        self.runner = self.evaluator(settings.sampling.seed)
         self.worker: RolloutWorker | None = None
         self.batches: AsyncBatches | None = None  # async mode: the batch assembly (train/async_batches.py)
         self._restored_meta: dict = {}
         self._usage_mark: tuple | None = None
         self._latest = model  # the learner's model: the worker starts from it, evaluations sync the engine to it
 
-    def evaluator(self, seed: int, budgets: Budgets | None = None, **overrides) -> EpisodeRunner:
-        """A runner on the shared engine with its own sampling seed (and budgets, reward, episode factory...)."""
-        options = {"reward": self.reward, **self.runner_options, **overrides}
-        runner = EpisodeRunner(self.engine, self.tokenizer, budgets=budgets or self.budgets,
-                               sampling=dataclasses.replace(self.sampling, seed=seed), **options)
+    def evaluator(self, seed: int, settings: EpisodeSettings | None = None) -> EpisodeRunner:
+        """A runner on the shared engine with its own sampling seed (and, given, its own episode settings)."""
+        runner = EpisodeRunner(self.engine, self.tokenizer, (settings or self.settings).with_seed(seed))
         return ShardedRunner(runner, self.replica_owners) if jax.process_count() > 1 else runner
 
     def run(self, tasks: list, *, first_episode_id: int) -> list[Trajectory]:
@@ -118,11 +111,9 @@ class Rollouts:
             replicated = self.replicas is not None
             self.worker = RolloutWorker(
                 self._latest if replicated else device_copy(self._latest, self.devices[0]), self.tokenizer,
-                self.batches.tasks(), numbered=True, queue_failures=True, replicas=self.replicas,
-                param_dtype=self.param_dtype, num_slots=self.num_slots, max_length=self.budgets.max_total_tokens,
-                budgets=self.budgets, sampling=self.sampling, devices=self.devices, policy_version=self.version,
-                queue_size=self.queue_size,  # bounds how far rollouts run ahead of the learner
-                copy_model=False, make_engine=self.make_engine, reward=self.reward, **self.runner_options)
+                self.batches.tasks(), self.settings, self.engine_settings, numbered=True, queue_failures=True,
+                policy_version=self.version, queue_size=self.queue_size,  # how far rollouts run ahead of the learner
+                copy_model=False)
             self.batches.start(self.worker)
             self.engine.offload()  # the worker's engine samples now; the shared one is loaded per evaluation
         return self.batches.collect(n, self.version)

@@ -24,17 +24,17 @@ import time
 import ml_collections
 import numpy as np
 
-from mercury_jax.evaluation import heldout_summary
 from mercury_jax.parallel.distributed import fetch
-from mercury_jax.rollout.trajectory import Trajectory, batch_trajectories, padded_length
+from mercury_jax.rollout.trajectory import batch_trajectories, padded_length
 from mercury_jax.train import setup
+from mercury_jax.train.episode_metrics import barrier_wait, length_spread, trajectory_metrics
+from mercury_jax.train.heldout import HeldOut
 from mercury_jax.train.loop import Cadence, StepResult, run_loop
-from mercury_jax.train.metrics import plot_evaluations
 from mercury_jax.train.packing import pack_batch, rows_used
 from mercury_jax.train.placement import batch_to_mesh, role_meshes, state_on_mesh, step_shardings
 from mercury_jax.train.rollouts import Rollouts, Seams
 from mercury_jax.train.run_reader import eval_seed
-from mercury_jax.train.rundir import RunDir, StageDir, append_line, write_text
+from mercury_jax.train.rundir import RunDir, StageDir, append_line
 from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step
 from mercury_jax.train.streams import TaskStream
 from mercury_jax.train.warm_start import starting_policy
@@ -44,8 +44,9 @@ from models.qwen35_moe.critic import Qwen35MoeCritic, critic_trainable
 def run_sao(config: ml_collections.ConfigDict, workdir: str | os.PathLike, seams: Seams = Seams()):
     """Warm start (when `sft.enabled`), then SAO; returns (actor model, critic model, metric history)."""
     run = RunDir(workdir)
-    model, tokenizer = starting_policy(config, run, mesh=role_meshes(config, ("actor",))["actor"])
-    algorithm = Sao(config, model, tokenizer, run.stage("sao"), seams)
+    meshes = role_meshes(config, ("rollout", "actor", "critic"))
+    model, tokenizer = starting_policy(config, run, mesh=meshes["actor"])
+    algorithm = Sao(config, model, tokenizer, run.stage("sao"), seams, meshes=meshes)
     history = run_loop(algorithm, run.stage("sao"), sao_cadence(config), train_cfg=config.get("train"),
                        rollouts=algorithm.rollouts, make_checkpointer=seams.make_checkpointer)
     return algorithm.actor.model(), algorithm.critic.model(), history
@@ -63,11 +64,12 @@ class Sao:
     plot_keys = ("reward", "all_effects_pass", "truncation_rate", "response_length", "value_loss",
                  "explained_variance", "dis_masked_fraction")
 
-    def __init__(self, config: ml_collections.ConfigDict, model, tokenizer, stage: StageDir, seams: Seams = Seams()):
+    def __init__(self, config: ml_collections.ConfigDict, model, tokenizer, stage: StageDir, seams: Seams = Seams(),
+                 *, meshes: dict | None = None):
         self.cfg, self.rcfg, self.tokenizer, self.stage_dir = config.sao, config.rollout, tokenizer, stage
         self.logs = (stage.batches,)  # truncated to the checkpoint's step on a resume
         self.steps = self.cfg.steps
-        self.meshes = role_meshes(config, ("rollout", "actor", "critic"))
+        self.meshes = meshes or role_meshes(config, ("rollout", "actor", "critic"))
         critic = Qwen35MoeCritic.from_policy(model, mesh=self.meshes["critic"])
         self.actor = state_on_mesh(model, self.cfg.actor_optimizer, self.meshes["actor"])
         self.critic = state_on_mesh(critic, self.cfg.critic_optimizer, self.meshes["critic"], critic_trainable)
@@ -79,15 +81,12 @@ class Sao:
 
         tasks = seams.tasks or (lambda split: setup.world_tasks(config.world, split))
         self.stream = TaskStream(tasks("train"), config.seed)
-        self.eval_tasks = tasks("eval")
-        reward = seams.reward or setup.episode_reward(config)
-        self.rollouts = Rollouts(model, tokenizer, mesh=self.meshes["rollout"], num_slots=self.rcfg.num_slots,
-                                 budgets=setup.rollout_budgets(self.rcfg),
-                                 sampling=setup.rollout_sampling(self.rcfg, config.seed), reward=reward,
-                                 mode=self.rcfg.mode, make_engine=seams.make_engine,
-                                 max_staleness=self.cfg.max_staleness, queue_size=self.cfg.batch_prompts,
-                                 **setup.rollout_replicas(self.rcfg))
-        self.eval_runner = self.rollouts.evaluator(eval_seed(config))  # their own seed stream
+        self.rollouts = Rollouts(model, tokenizer, setup.episode_settings(config, config.seed, reward=seams.reward),
+                                 setup.engine_settings(config, self.meshes["rollout"], seams.make_engine),
+                                 mode=self.rcfg.mode, max_staleness=self.cfg.max_staleness,
+                                 queue_size=self.cfg.batch_prompts)
+        self.heldout = HeldOut(self.rollouts, self.rollouts.evaluator(eval_seed(config)), tasks("eval"), stage,
+                               title="SAO")  # their own seed stream
 
     # -- what the loop checkpoints --
     def arrays(self) -> dict:
@@ -148,56 +147,15 @@ class Sao:
                        dropped_stale=stale, env_failures=env_dropped, tokens=sum(len(t.tokens) for t in trajectories),
                        rollout_s=rollout_s, learner_s=time.perf_counter() - t0 - rollout_s, batch_length=length,
                        rows_used=rows_used(host_batch), **self.rollouts.accounting(), **self.rollouts.usage(),
-                       **length_spread(trajectories))
+                       **length_spread(trajectories), **barrier_wait(trajectories))
         return StepResult(metrics, policy_updated=updated, applied=applied)
 
     # -- held-out evaluation --
     def evaluate(self, label: str) -> dict:
-        self.rollouts.sync_engine()
-        trajectories = self.eval_runner.run(self.eval_tasks)
-        self.rollouts.evaluated()
-        rewards = np.array([t.reward for t in trajectories])
-        result = {"label": label, **trajectory_metrics(trajectories),
-                  "reward_sem": float(rewards.std(ddof=1) / np.sqrt(len(rewards))) if len(rewards) > 1 else 0.0,
-                  "task_ids": [t.task_id for t in trajectories], "task_rewards": rewards.tolist(),
-                  "task_all_effects_pass": [bool(t.reward_parts.get("all_effects_pass")) for t in trajectories],
-                  "env_failures": sum(t.env_failure is not None for t in trajectories)}  # scored 0, kept for pairing
-        print(f"[sao] eval ({label}): reward {result['reward']:.3f} +- {result['reward_sem']:.3f} (sem over "
-              f"{len(rewards)} held-out tasks), all-effects pass {result['all_effects_pass']:.2f}", flush=True)
-        return result
+        return self.heldout.evaluate(label)
 
     def finish(self, history: list[dict], evaluations: list[dict]) -> None:
-        summary = heldout_summary(evaluations)
-        if summary is not None and evaluations[-1]["label"] == self.final_label:
-            write_text(self.stage_dir.eval_summary, json.dumps(summary, indent=1) + "\n")
-            print(f"[sao] {summary['message']}", flush=True)
-            plot_evaluations(evaluations, self.stage_dir.heldout_plot,
-                             title=f"SAO held-out evaluations ({len(self.eval_tasks)} tasks, the same seeds each "
-                                   f"time)")
-
-
-def length_spread(trajectories: list[Trajectory]) -> dict:
-    """The batch's spread of episode lengths (action tokens): a sync batch waits for its longest episode."""
-    lengths = np.array([t.num_action_tokens for t in trajectories])
-    return {"response_length_min": int(lengths.min()), "response_length_max": int(lengths.max())}
-
-
-def trajectory_metrics(trajectories: list[Trajectory]) -> dict:
-    """The released run's table for one batch: reward, all-effects pass, degenerate and truncation rates,
-    mean raw response length (action tokens), plus format errors and staleness inputs."""
-    reward = np.array([t.reward for t in trajectories])
-    return {
-        "reward": float(reward.mean()),
-        "reward_std": float(reward.std()),
-        "effects_fraction": float(np.mean([t.reward_parts.get("effects_fraction", 0.0) for t in trajectories])),
-        "all_effects_pass": float(np.mean([bool(t.reward_parts.get("all_effects_pass")) for t in trajectories])),
-        "degenerate_rate": float(np.mean([t.finish_reason == "degenerate" for t in trajectories])),
-        "truncation_rate": float(np.mean([t.finish_reason in ("token_budget", "degenerate", "turn_budget")
-                                          for t in trajectories])),
-        "response_length": float(np.mean([t.num_action_tokens for t in trajectories])),
-        "format_errors": float(np.mean([len(t.format_errors) for t in trajectories])),
-        "tool_calls": float(np.mean([len(t.tool_calls) for t in trajectories])),
-    }
+        self.heldout.finish(evaluations, self.final_label)
 
 
 run = run_sao  # the pipeline's entry (train/pipelines.py)

@@ -6,6 +6,7 @@
     G        = skip_observation_gae(r, V, mask; gamma, lam_critic) + V targets (Monte-Carlo R with gamma = lam = 1)
     critic:  K epochs of 0.5 (V - G)^2, token-mean over action tokens
     actor:   DIS loss on r_t = exp(logp_t - rollout_logp_t); -sg(r) A logp inside (1 - eps_low, 1 + eps_high)
+             (`policy_loss = "ppo"`: PPO's clipped surrogate instead; the group-baseline pipeline takes either)
 Advantages and targets are computed once per step from the critic before its updates. The actor and critic steps
 accumulate over `sao.actor_micro_batches` / `sao.critic_micro_batches` micro-batches of rows (microbatch.py), the
 loss and metrics normalised by the whole batch's denominators, so they equal the whole-batch step's.
@@ -22,10 +23,15 @@ from flax import nnx
 
 from mercury_jax.parallel import with_mesh_context
 from mercury_jax.rl.advantages import length_adaptive_lambda, masked_whiten, skip_observation_gae
-from mercury_jax.rl.losses import dis_policy_loss, value_loss
+from mercury_jax.rl.losses import dis_policy_loss, ppo_clip_loss, value_loss
+from mercury_jax.train.config_defaults import setting
 from mercury_jax.train.microbatch import MaskTotals, map_rows, token_share
 from mercury_jax.train.state import make_update_step
 from models.qwen35_moe.logprobs import sequence_logprobs
+
+# policy_loss -> (the loss, the name of the fraction of action tokens it kept out of the gradient or clipped)
+POLICY_LOSSES = {"dis": (dis_policy_loss, "dis_masked_fraction"), "ppo": (ppo_clip_loss, "clip_fraction")}
+FRACTION_AUX = {"dis_masked_fraction": "masked_fraction", "clip_fraction": "clip_fraction"}
 
 
 def aligned_values(critic, tokens_BxT, segment_ids_BxT=None):
@@ -49,7 +55,7 @@ def make_advantage_fn(critic_graphdef, cfg, *, mesh=None):
         packed = "segment_ids" in batch
         forward = {k: batch[k] for k in ("tokens", "segment_ids", "action_mask") if k in batch}
         values = map_rows(lambda rows: aligned_values(critic, rows["tokens"], rows.get("segment_ids")), forward,
-                          cfg.get("critic_micro_batches", 1), mask_key="action_mask")
+                          setting(cfg, "critic_micro_batches"), mask_key="action_mask")
         if packed:  # GAE on the trajectories as they are
             pack_index, unpack_index = batch["pack_index"], batch["unpack_index"]
             values = relayout(values, unpack_index)
@@ -90,28 +96,38 @@ def make_critic_step(critic_graphdef, tx, cfg, *, state_shardings=None):
                              segment_ids=batch.get("segment_ids"))
         return loss, {"value_loss": loss}
     return make_update_step(critic_graphdef, tx, loss_fn, state_shardings=state_shardings,
-                            micro_batches=cfg.get("critic_micro_batches", 1), totals_fn=MaskTotals(cfg.loss_agg))
+                            micro_batches=setting(cfg, "critic_micro_batches"), totals_fn=MaskTotals(cfg.loss_agg))
 
 
 def make_actor_step(actor_graphdef, tx, cfg, *, state_shardings=None):
-    """jit(params, frozen, opt_state, batch) -> (params, opt_state, metrics) of the DIS loss; with
-    `cfg.actor_micro_batches` M > 1 the gradient is accumulated over M micro-batches of rows (microbatch.py)."""
+    """jit(params, frozen, opt_state, batch) -> (params, opt_state, metrics) of the policy loss `cfg.policy_loss`:
+    "dis" (SAO's: tokens outside the trust band are masked out of the gradient) or "ppo" (the clipped surrogate);
+    with `cfg.actor_micro_batches` M > 1 the gradient is accumulated over M micro-batches of rows (microbatch.py).
+    The batch's `advantages` are per token, whatever computed them (GAE, or a group baseline)."""
+    kind = setting(cfg, "policy_loss")
+    if kind not in POLICY_LOSSES:
+        raise ValueError(f"policy_loss {kind!r} is not one of {sorted(POLICY_LOSSES)}")
+    loss_of, fraction = POLICY_LOSSES[kind]
+
     def loss_fn(actor, batch, totals=None):
         logp = sequence_logprobs(actor, batch["tokens"], segment_ids_BxT=batch.get("segment_ids"))
         mask = batch["action_mask"]
-        loss, aux = dis_policy_loss(logp, batch["rollout_logprobs"], batch["advantages"], mask,
-                                    eps_low=cfg.eps_low, eps_high=cfg.eps_high, loss_agg=cfg.loss_agg,
-                                    denominator=None if totals is None else totals["den"],
-                                    segment_ids=batch.get("segment_ids"))
+        loss, aux = loss_of(logp, batch["rollout_logprobs"], batch["advantages"], mask,
+                            eps_low=cfg.eps_low, eps_high=cfg.eps_high, loss_agg=cfg.loss_agg,
+                            denominator=None if totals is None else totals["den"],
+                            segment_ids=batch.get("segment_ids"))
         gap_sum = jnp.sum(jnp.abs(logp - batch["rollout_logprobs"]) * mask)
         if totals is None:
             count = jnp.maximum(jnp.sum(mask), 1.0)
-            return loss, {"policy_loss": loss, "dis_masked_fraction": aux["masked_fraction"],
+            return loss, {"policy_loss": loss, fraction: aux[FRACTION_AUX[fraction]],
                           "mean_ratio": aux["mean_ratio"], "logp_train_rollout_gap": gap_sum / count}
         tokens = jnp.maximum(totals["tokens"], 1.0)
-        return loss, {"policy_loss": loss, "dis_masked_fraction": aux["num_masked"] / tokens,
-                      "mean_ratio": token_share(aux["mean_ratio"], aux["num_action_tokens"], totals["tokens"]),
+        count = jnp.sum(mask)
+        share = (aux["num_masked"] / tokens if kind == "dis" else
+                 token_share(aux[FRACTION_AUX[fraction]], count, totals["tokens"]))
+        return loss, {"policy_loss": loss, fraction: share,
+                      "mean_ratio": token_share(aux["mean_ratio"], count, totals["tokens"]),
                       "logp_train_rollout_gap": gap_sum / tokens}
     return make_update_step(actor_graphdef, tx, loss_fn, state_shardings=state_shardings,
-                            micro_batches=cfg.get("actor_micro_batches", 1), totals_fn=MaskTotals(cfg.loss_agg))
+                            micro_batches=setting(cfg, "actor_micro_batches"), totals_fn=MaskTotals(cfg.loss_agg))
 

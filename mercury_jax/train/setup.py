@@ -15,8 +15,11 @@ from mercury_jax.envs.episode import make_episode, oracle_trajectory
 from mercury_jax.envs.generate import read_tasks
 from mercury_jax.envs.presets import preset_tasks
 from mercury_jax.parallel import init_sharded
-from mercury_jax.rollout.episode import Budgets, SamplingParams
-from mercury_jax.rollout.rewards import EffectsReward
+from mercury_jax.rollout.engine import Engine
+from mercury_jax.rollout.layout import replica_meshes
+from mercury_jax.rollout.rewards import EffectsReward, Reward
+from mercury_jax.rollout.settings import Budgets, EngineSettings, EpisodeSettings, SamplingParams
+from mercury_jax.train.config_defaults import setting
 from mercury_jax.train.rundir import RunDir
 from models.qwen35_moe import Qwen35MoeForCausalLM, load_hf
 from models.qwen35_moe.config import PRESETS
@@ -66,7 +69,7 @@ def build_tokenizer(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike |
         cache = run.tokenizer if run.local else Path.home() / ".cache" / "mercury_jax" / "tokenizer"
         tokenizer = train_sentencepiece_tokenizer(corpus_texts, vocab_size=cfg.vocab_size,
                                                   cache_dir=Path(os.fspath(cache)),
-                                                  atomic_pattern=cfg.get("atomic_pattern", ""))
+                                                  atomic_pattern=setting(cfg, "atomic_pattern"))
         if not run.local:
             run.tokenizer.mkdir(parents=True, exist_ok=True)
             (run.tokenizer / tokenizer.model_file.name).write_bytes(tokenizer.model_file.read_bytes())
@@ -114,10 +117,30 @@ def build_model(cfg: ml_collections.ConfigDict, vocab_size: int, seed: int, *, m
     return init_sharded(make, mesh)
 
 
-def rollout_budgets(rollout: ml_collections.ConfigDict):
+def rollout_budgets(rollout: ml_collections.ConfigDict) -> Budgets:
     """The episode budgets of a config's `rollout` section."""
     return Budgets(max_tool_turns=rollout.max_tool_turns, max_total_tokens=rollout.max_total_tokens,
                    max_turn_tokens=rollout.max_turn_tokens)
+
+
+def episode_settings(config: ml_collections.ConfigDict, seed: int, *, reward: Reward | None = None) -> EpisodeSettings:
+    """The episodes of a run's config: its `rollout` budgets and sampling with the stream's `seed`, the worlds'
+    environments, and `reward` (default: the enterprise reward with `config.behaviour`)."""
+    rollout = config.rollout
+    return EpisodeSettings(budgets=rollout_budgets(rollout),
+                           sampling=SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, seed=seed),
+                           reward=reward if reward is not None else episode_reward(config))
+
+
+def engine_settings(config: ml_collections.ConfigDict, mesh, make_engine=Engine) -> EngineSettings:
+    """The rollout engine of a run's config on the rollout group's `mesh`: `rollout.num_slots` slots over its
+    devices, replica meshes of shape `rollout.replica` (empty: one engine), weights in `rollout.param_dtype`
+    ("": the learner's)."""
+    rollout, devices = config.rollout, list(mesh.devices.flat)
+    replica = dict(setting(rollout, "replica") or {})
+    return EngineSettings(num_slots=rollout.num_slots, max_length=rollout.max_total_tokens, devices=devices,
+                          replicas=replica_meshes(devices, replica) if replica else None,
+                          param_dtype=setting(rollout, "param_dtype") or None, make_engine=make_engine)
 
 
 def episode_reward(config: ml_collections.ConfigDict) -> EffectsReward:
@@ -128,16 +151,4 @@ def episode_reward(config: ml_collections.ConfigDict) -> EffectsReward:
 def behaviour(config: ml_collections.ConfigDict):
     """The behaviour multiplier's settings from `config.behaviour` (the defaults where a run's config predates
     the section)."""
-
     return BehaviourConfig(**config.behaviour.to_dict()) if "behaviour" in config else BehaviourConfig()
-
-
-def rollout_replicas(rollout: ml_collections.ConfigDict) -> dict:
-    """`Rollouts`' replica options from a config's `rollout` section: `replica` (one replica's mesh shape; empty:
-    a single engine) and `param_dtype` (the rollout weights' dtype; "" keeps the learner's)."""
-    return {"replica": dict(rollout.get("replica", {}) or {}), "param_dtype": rollout.get("param_dtype", "") or None}
-
-
-def rollout_sampling(rollout: ml_collections.ConfigDict, seed: int):
-    """The sampling parameters of a config's `rollout` section with the stream's `seed`."""
-    return SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, seed=seed)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from mercury_jax.train.config_defaults import setting
 from mercury_jax.train.microbatch import MaskTotals
 from mercury_jax.train.state import make_update_step
 from models.qwen35_moe.logprobs import sequence_logprobs
@@ -28,5 +29,5 @@ def make_sft_step(graphdef, tx, cfg, *, state_shardings=None):
     """jit(params, frozen, opt_state, batch) -> (params, opt_state, metrics) of `sft_loss` over a batch of packed
     rows (tokens, segment_ids, loss_mask [B, T]); `cfg` is the config's `sft` section."""
     return make_update_step(graphdef, tx, sft_loss, state_shardings=state_shardings,
-                            micro_batches=cfg.get("micro_batches", 1),
+                            micro_batches=setting(cfg, "micro_batches"),
                             totals_fn=MaskTotals("token-mean", mask_key="loss_mask"))

@@ -14,6 +14,7 @@ import jax
 import ml_collections
 
 from mercury_jax.parallel import MESH_AXES
+from mercury_jax.train.config_defaults import setting
 from mercury_jax.train.config_ranges import field_problem
 from mercury_jax.train.guards import NonFiniteGuard
 from mercury_jax.train.pipelines import PIPELINES
@@ -55,7 +56,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         if config.sft.batch_rows % shards:
             raise ConfigError(f"sft.batch_rows {config.sft.batch_rows} is not divisible by the {shards} row shards "
                               f"of the actor mesh; change sft.batch_rows or mesh.actor / devices.actor")
-        check_micro_batches("sft.micro_batches", config.sft.get("micro_batches", 1), config.sft.batch_rows, shards,
+        check_micro_batches("sft.micro_batches", setting(config.sft, "micro_batches"), config.sft.batch_rows, shards,
                              "sft.batch_rows", "actor")
     if "train" in config:
         try:
@@ -63,6 +64,12 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         except ValueError as error:
             raise ConfigError(str(error)) from None
     PIPELINES[pipeline].check(config)  # the pipeline's own rules (its module's check_config)
+
+
+def check_choice(field: str, value, allowed) -> None:
+    """`value` of `field` must be one of `allowed`."""
+    if value not in allowed:
+        raise ConfigError(f"{field} is {value!r}; use one of {sorted(allowed)}")
 
 
 def check_micro_batches(field: str, micro_batches, rows: int, shards: int, rows_field: str, group: str) -> None:
@@ -115,7 +122,7 @@ def _check_device_groups(config) -> None:
     if total > jax.device_count():
         raise ConfigError(f"config.devices {groups} needs {total} devices but {jax.device_count()} exist; shrink "
                           f"the groups (e.g. --config.devices.rollout=1)")
-    layout = config.get("device_layout", "consecutive")
+    layout = setting(config, "device_layout")
     if layout not in DEVICE_LAYOUTS:
         raise ConfigError(f"device_layout {layout!r} is not one of {DEVICE_LAYOUTS}")
     if layout == "per_process" and total and any(size % jax.process_count() for size in groups.values()):
@@ -128,7 +135,7 @@ def _check_rollout_replicas(config) -> None:
     """`rollout.replica` (one replica's mesh shape; empty: one engine) must split the rollout group evenly, and
     `rollout.num_slots` must split evenly over the replicas."""
     rollout = config.get("rollout")
-    replica = dict(rollout.get("replica", {}) or {}) if rollout is not None else {}
+    replica = dict(setting(rollout, "replica") or {})
     if not replica:
         return
     unknown = set(replica) - set(MESH_AXES)
