@@ -65,6 +65,8 @@ PIPELINES = {p.name: p for p in (
     Pipeline("grpo", "mercury_jax.train.grpo", RL_SECTIONS + ("oracle", "grpo"),
              ("oracle", "grpo.batch_states", "grpo.group_size", "grpo.pivots_path", "grpo.pivot_source",
               "grpo.pivot_kinds", "grpo.pivot_tasks", "grpo.pivot_task_seed"), checks="mercury_jax.train.grpo_checks"),
+    Pipeline("group_baseline", "mercury_jax.train.group_baseline", RL_SECTIONS + ("group_baseline",),
+             ("group_baseline.batch_prompts", "group_baseline.group_size"), checks="mercury_jax.train.group_baseline"),
 )}
 STAGES = tuple(PIPELINES)  # every pipeline's stage folder; "sft" is also the RL pipelines' warm start
 

@@ -1,0 +1,166 @@
+"""Episode-level group-baseline RL on the enterprise world: the algorithm SAO is measured against (docs/ALGORITHMS.md,
+"The group baseline"). What the rest of the model family trains with, on SAO's own episodes, reward and losses.
+
+    each step:  B tasks from the seeded epoch order, K episodes of each (episode n * K + k for the n-th task of the
+                run: same seed, same request ids, so a resumed run samples the same tokens)
+    barrier:    the step learns when all B x K episodes have finished (whole groups only)
+    advantage:  A[g, k] = R[g, k] - mean_k R[g, :]  (/ (std_k R[g, :] + 1e-6) with `std_normalize`), on every
+                action token of trajectory (g, k); observation tokens are never trained on
+    update:     one actor update with SAO's policy loss (`policy_loss` "dis", or "ppo"), no critic, no KL
+
+A group whose rewards are all equal has A = 0 (no signal): counted, and dropped with `filter_zero_variance` (its
+rows get an empty action mask, as pivot GRPO's). A group in which an environment failed is dropped whole (its
+baseline would be the mean of the clean siblings only). The reward is SAO's (effects fraction x the behaviour
+multiplier); held-out evaluations are SAO's (the same tasks and seeds, so the two pipelines' evaluations pair).
+Rollouts are sync only: the barrier is the point of the comparison (`python -m mercury_jax.bench.sao_vs_group`).
+
+Checkpoints hold `{"actor": actor.arrays()}` and meta {step, tasks_consumed}.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import ml_collections
+import numpy as np
+
+from mercury_jax.parallel.distributed import fetch
+from mercury_jax.rl.advantages import group_advantages
+from mercury_jax.rollout.trajectory import padded_length
+from mercury_jax.train import setup
+from mercury_jax.train.config_defaults import setting
+from mercury_jax.train.episode_metrics import barrier_wait, length_spread, trajectory_metrics
+from mercury_jax.train.grpo import group_batch
+from mercury_jax.train.heldout import HeldOut
+from mercury_jax.train.loop import Cadence, StepResult, run_loop
+from mercury_jax.train.packing import pack_batch, rows_used
+from mercury_jax.train.placement import batch_to_mesh, role_meshes, state_on_mesh, step_shardings
+from mercury_jax.train.rollouts import Rollouts, Seams
+from mercury_jax.train.run_reader import eval_seed
+from mercury_jax.train.rundir import RunDir, StageDir
+from mercury_jax.train.sao_learner import POLICY_LOSSES, make_actor_step
+from mercury_jax.train.streams import TaskStream
+from mercury_jax.train.validate import ConfigError, check_choice, check_micro_batches, role_row_shards
+from mercury_jax.train.warm_start import starting_policy
+
+STAGE = "group_baseline"
+
+
+def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike, seams: Seams = Seams()):
+    """Warm start (when `sft.enabled`), then group-baseline RL; returns (actor model, metric history)."""
+    run_dir = RunDir(workdir)
+    meshes = role_meshes(config, ("rollout", "actor"))
+    model, tokenizer = starting_policy(config, run_dir, mesh=meshes["actor"])
+    algorithm = GroupBaseline(config, model, tokenizer, run_dir.stage(STAGE), seams, meshes=meshes)
+    cfg = config.group_baseline
+    cadence = Cadence.from_config(config.checkpoint, eval_every=cfg.eval_every, log_window=cfg.log_window)
+    history = run_loop(algorithm, run_dir.stage(STAGE), cadence, train_cfg=config.get("train"),
+                       rollouts=algorithm.rollouts, make_checkpointer=seams.make_checkpointer)
+    return algorithm.actor.model(), history
+
+
+def check_config(config) -> None:
+    """The group-baseline rules: sync rollouts, groups of >= 2, a known policy loss, and a batch of B x K rows that
+    the actor mesh splits into whole rows and micro-batches."""
+    cfg = config.group_baseline
+    if config.rollout.mode != "sync":
+        raise ConfigError(f"rollout.mode is {config.rollout.mode!r}; the group-baseline pipeline learns from whole "
+                          f"groups sampled with the latest weights: set rollout.mode='sync'")
+    if cfg.group_size < 2:
+        raise ConfigError(f"group_baseline.group_size is {cfg.group_size}; a group baseline needs >= 2 episodes "
+                          f"of each task (8 released)")
+    check_choice("group_baseline.policy_loss", setting(cfg, "policy_loss"), POLICY_LOSSES)
+    rows = cfg.batch_prompts * cfg.group_size
+    shards, sizes = role_row_shards(config, "actor")
+    if rows % shards:
+        raise ConfigError(f"group_baseline.batch_prompts x group_size = {rows} rows are not divisible by the "
+                          f"{shards} row shards of the actor mesh {sizes}; change batch_prompts or mesh.actor")
+    check_micro_batches("group_baseline.actor_micro_batches", setting(cfg, "actor_micro_batches"), rows, shards,
+                        "group_baseline.batch_prompts x group_size", "actor")
+
+
+class GroupBaseline:
+    stage = STAGE
+    final_label = "after group-baseline RL"
+    progress_keys = ("reward", "all_effects_pass", "truncation_rate", "zero_variance_fraction", "barrier_wait_s")
+    plot_keys = ("reward", "all_effects_pass", "truncation_rate", "response_length", "zero_variance_fraction",
+                 "dis_masked_fraction", "barrier_wait_s")
+
+    def __init__(self, config: ml_collections.ConfigDict, model, tokenizer, stage: StageDir, seams: Seams = Seams(),
+                 *, meshes: dict | None = None):
+        self.cfg, self.rcfg, self.tokenizer = config.group_baseline, config.rollout, tokenizer
+        self.steps = self.cfg.steps
+        self.meshes = meshes or role_meshes(config, ("rollout", "actor"))
+        self.actor = state_on_mesh(model, self.cfg.actor_optimizer, self.meshes["actor"])
+        self.actor_step = make_actor_step(self.actor.graphdef, self.actor.tx, self.cfg,
+                                          state_shardings=step_shardings(self.actor))
+        tasks = seams.tasks or (lambda split: setup.world_tasks(config.world, split))
+        self.stream = TaskStream(tasks("train"), config.seed)
+        self.rollouts = Rollouts(model, tokenizer, setup.episode_settings(config, config.seed, reward=seams.reward),
+                                 setup.engine_settings(config, self.meshes["rollout"], seams.make_engine))
+        self.heldout = HeldOut(self.rollouts, self.rollouts.evaluator(eval_seed(config)), tasks("eval"), stage,
+                               title="Group-baseline RL")
+
+    # -- what the loop checkpoints --
+    def arrays(self) -> dict:
+        return {"actor": self.actor.arrays()}
+
+    def meta(self) -> dict:
+        return {"tasks_consumed": self.stream.consumed}
+
+    def restore(self, arrays: dict, meta: dict) -> None:
+        self.actor = self.actor.replace_arrays(arrays["actor"])
+        self.stream.consumed = meta["tasks_consumed"]
+
+    def policy(self):
+        return self.actor.model()
+
+    # -- one step --
+    def step(self, step: int, *, version: int, guard) -> StepResult:
+        cfg, K = self.cfg, self.cfg.group_size
+        t0 = time.perf_counter()
+        self.rollouts.mark_usage()
+        tasks = self.stream.take(cfg.batch_prompts)
+        first = self.stream.consumed - len(tasks)
+        trajectories = self.rollouts.run([t for t in tasks for _ in range(K)], first_episode_id=first * K)
+        rollout_s = time.perf_counter() - t0
+        host_batch, metrics = self._batch(trajectories, len(tasks))
+        updated, applied = False, True
+        if metrics["groups_kept"]:
+            actor = self.actor
+            actor_batch = batch_to_mesh(host_batch, self.meshes["actor"])
+            actor.params, actor.opt_state, actor_metrics = self.actor_step(actor.params, actor.frozen,
+                                                                           actor.opt_state, actor_batch)
+            actor_metrics = fetch(actor_metrics)
+            applied = updated = guard.check(step, actor_metrics, what="actor update")
+            metrics.update({k: float(v) for k, v in actor_metrics.items() if k != "loss"})
+        metrics.update(tokens=sum(len(t.tokens) for t in trajectories), rollout_s=rollout_s,
+                       learner_s=time.perf_counter() - t0 - rollout_s, rows_used=rows_used(host_batch),
+                       **self.rollouts.usage(), **length_spread(trajectories), **barrier_wait(trajectories, K))
+        return StepResult(metrics, policy_updated=updated, applied=applied)
+
+    def _batch(self, trajectories: list, num_groups: int) -> tuple[dict, dict]:
+        """The learner batch (group advantages on the action tokens of the kept groups' rows) and its metrics."""
+        cfg, K = self.cfg, self.cfg.group_size
+        rewards_GxK = np.array([t.reward for t in trajectories], np.float32).reshape(num_groups, K)
+        advantages_GxK, stats = group_advantages(rewards_GxK, std_normalize=cfg.std_normalize, return_stats=True)
+        clean_G = np.array([t.env_failure is None for t in trajectories]).reshape(num_groups, K).all(axis=1)
+        keep_G = clean_G & (np.asarray(stats["keep"]) if cfg.filter_zero_variance else True)
+        length = padded_length(trajectories, self.rcfg.max_total_tokens)
+        host_batch = group_batch(trajectories, np.asarray(advantages_GxK), keep_G, length,
+                                 pad_id=self.tokenizer.pad_id)
+        if cfg.pack_rows:
+            host_batch = pack_batch(host_batch, [len(t.tokens) for t in trajectories],
+                                    setting(cfg, "actor_micro_batches"), pad_id=self.tokenizer.pad_id)
+        clean = [t for t in trajectories if t.env_failure is None] or trajectories
+        metrics = {**trajectory_metrics(clean), "zero_variance_fraction": float(stats["zero_variance_fraction"]),
+                   "groups_kept": int(keep_G.sum()), "env_failure_groups": int((~clean_G).sum()),
+                   "advantage_abs_mean": float(np.abs(np.asarray(advantages_GxK)).mean()), "batch_length": length}
+        return host_batch, metrics
+
+    # -- held-out evaluation --
+    def evaluate(self, label: str) -> dict:
+        return self.heldout.evaluate(label)
+
+    def finish(self, history: list[dict], evaluations: list[dict]) -> None:
+        self.heldout.finish(evaluations, self.final_label)
