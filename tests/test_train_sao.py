@@ -209,7 +209,7 @@ def test_runners_take_the_behaviour_section_of_the_config(full_run, tmp_path):
     tokenizer = RunReader(full_run["workdir"]).tokenizer()
     sao = Sao(config, setup.build_model(config.model, tokenizer.vocab_size, 0), tokenizer,
               RunDir(tmp_path).stage("sao"))
-    assert sao.rollouts.runner.reward.behaviour == expected and sao.eval_runner.reward.behaviour == expected
+    assert sao.rollouts.runner.reward.behaviour == expected and sao.heldout.runner.reward.behaviour == expected
     del config.behaviour  # a run config written before the section existed
     assert setup.behaviour(config) == BehaviourConfig()
 
