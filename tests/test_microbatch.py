@@ -38,6 +38,7 @@ from experiments.grpo import get_config as grpo_config
 from experiments.sao import get_config as sao_config
 from experiments.sft import get_config as sft_config
 from mercury_jax.parallel import make_mesh, shard_params
+from mercury_jax.rl.losses import ppo_clip_loss
 from mercury_jax.train.grpo_learner import make_grpo_step
 from mercury_jax.train.microbatch import MicroBatchError, split_rows
 from mercury_jax.train.placement import batch_to_mesh, role_mesh_sizes, row_shards, step_shardings
@@ -187,6 +188,19 @@ def test_sao_actor_step_accumulates_exactly(small_model, mesh, loss_agg):
     batch = policy_batch(small_model, mesh, eps_low=SAO["eps_low"], eps_high=SAO["eps_high"])
     metrics = compare(make_actor_step, small_model, dict(SAO, loss_agg=loss_agg), batch, mesh, "actor_micro_batches")
     assert 0.05 < metrics["dis_masked_fraction"] < 0.95  # both sides of the band are exercised
+
+
+def test_ppo_actor_step_is_the_clipped_surrogate_and_accumulates_exactly(small_model, mesh):
+    """`policy_loss="ppo"` (the group-baseline pipeline's choice): the step's loss is `ppo_clip_loss` of the model's
+    log-probs, it reports the clip fraction instead of the DIS mask, and micro-batches equal the whole batch."""
+    batch = policy_batch(small_model, mesh, eps_low=SAO["eps_low"], eps_high=SAO["eps_high"])
+    cfg = dict(SAO, loss_agg="token-mean", policy_loss="ppo")
+    metrics = compare(make_actor_step, small_model, cfg, batch, mesh, "actor_micro_batches")
+    assert "dis_masked_fraction" not in metrics and 0.05 < metrics["clip_fraction"] < 0.95
+    logp = nnx.jit(sequence_logprobs)(small_model, batch["tokens"])
+    expected, _ = ppo_clip_loss(logp, batch["rollout_logprobs"], batch["advantages"], batch["action_mask"],
+                                eps_low=SAO["eps_low"], eps_high=SAO["eps_high"], loss_agg="token-mean")
+    np.testing.assert_allclose(float(metrics["policy_loss"]), float(expected), rtol=RTOL)
 
 
 @pytest.mark.slow

@@ -30,11 +30,10 @@ from mercury_jax.rollout.layout import replica_meshes
 from mercury_jax.rollout.replicas import ReplicatedEngine, slots_per_replica
 from mercury_jax.rollout.settings import EngineSettings
 from mercury_jax.rollout.sharded_runner import ShardedRunner
-from mercury_jax.train.config_defaults import setting
 from mercury_jax.train.placement import role_devices
 from mercury_jax.train.replica_restore import restore_into_replicas, restore_on_device
 from mercury_jax.train.run_reader import RunReader
-from mercury_jax.train.setup import episode_settings
+from mercury_jax.train.setup import episode_settings, rollout_layout
 
 
 def default_load_policy(reader: RunReader, stage: str, step: int, dtype=None):
@@ -49,8 +48,7 @@ class CheckpointEngine:
                  make_engine: Callable = Engine):
         self.reader, self.stage, self.config = reader, stage, reader.config
         rollout = self.config.rollout
-        self.replica = dict(setting(rollout, "replica") or {})
-        self.param_dtype = setting(rollout, "param_dtype") or None
+        self.replica, self.param_dtype = rollout_layout(rollout)
         self.load_policy, self.make_engine = load_policy, make_engine
         self.engine = None
         self.meshes, self.owners = None, []

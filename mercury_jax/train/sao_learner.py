@@ -29,9 +29,9 @@ from mercury_jax.train.microbatch import MaskTotals, map_rows, token_share
 from mercury_jax.train.state import make_update_step
 from models.qwen35_moe.logprobs import sequence_logprobs
 
-# policy_loss -> (the loss, the name of the fraction of action tokens it kept out of the gradient or clipped)
-POLICY_LOSSES = {"dis": (dis_policy_loss, "dis_masked_fraction"), "ppo": (ppo_clip_loss, "clip_fraction")}
-FRACTION_AUX = {"dis_masked_fraction": "masked_fraction", "clip_fraction": "clip_fraction"}
+# policy_loss -> (the loss, the metric of the fraction of action tokens it masked or clipped, that fraction's aux key)
+POLICY_LOSSES = {"dis": (dis_policy_loss, "dis_masked_fraction", "masked_fraction"),
+                 "ppo": (ppo_clip_loss, "clip_fraction", "clip_fraction")}
 
 
 def aligned_values(critic, tokens_BxT, segment_ids_BxT=None):
@@ -107,7 +107,7 @@ def make_actor_step(actor_graphdef, tx, cfg, *, state_shardings=None):
     kind = setting(cfg, "policy_loss")
     if kind not in POLICY_LOSSES:
         raise ValueError(f"policy_loss {kind!r} is not one of {sorted(POLICY_LOSSES)}")
-    loss_of, fraction = POLICY_LOSSES[kind]
+    loss_of, fraction, fraction_aux = POLICY_LOSSES[kind]
 
     def loss_fn(actor, batch, totals=None):
         logp = sequence_logprobs(actor, batch["tokens"], segment_ids_BxT=batch.get("segment_ids"))
@@ -119,12 +119,12 @@ def make_actor_step(actor_graphdef, tx, cfg, *, state_shardings=None):
         gap_sum = jnp.sum(jnp.abs(logp - batch["rollout_logprobs"]) * mask)
         if totals is None:
             count = jnp.maximum(jnp.sum(mask), 1.0)
-            return loss, {"policy_loss": loss, fraction: aux[FRACTION_AUX[fraction]],
+            return loss, {"policy_loss": loss, fraction: aux[fraction_aux],
                           "mean_ratio": aux["mean_ratio"], "logp_train_rollout_gap": gap_sum / count}
         tokens = jnp.maximum(totals["tokens"], 1.0)
         count = jnp.sum(mask)
         share = (aux["num_masked"] / tokens if kind == "dis" else
-                 token_share(aux[FRACTION_AUX[fraction]], count, totals["tokens"]))
+                 token_share(aux[fraction_aux], count, totals["tokens"]))
         return loss, {"policy_loss": loss, fraction: share,
                       "mean_ratio": token_share(aux["mean_ratio"], count, totals["tokens"]),
                       "logp_train_rollout_gap": gap_sum / tokens}

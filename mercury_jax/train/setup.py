@@ -137,10 +137,16 @@ def engine_settings(config: ml_collections.ConfigDict, mesh, make_engine=Engine)
     devices, replica meshes of shape `rollout.replica` (empty: one engine), weights in `rollout.param_dtype`
     ("": the learner's)."""
     rollout, devices = config.rollout, list(mesh.devices.flat)
-    replica = dict(setting(rollout, "replica") or {})
+    replica, param_dtype = rollout_layout(rollout)
     return EngineSettings(num_slots=rollout.num_slots, max_length=rollout.max_total_tokens, devices=devices,
-                          replicas=replica_meshes(devices, replica) if replica else None,
-                          param_dtype=setting(rollout, "param_dtype") or None, make_engine=make_engine)
+                          replicas=replica_meshes(devices, replica) if replica else None, param_dtype=param_dtype,
+                          make_engine=make_engine)
+
+
+def rollout_layout(rollout: ml_collections.ConfigDict | None) -> tuple[dict, str | None]:
+    """(one replica's mesh shape, {} for a single engine; the rollout weights' dtype, None for the learner's) of a
+    config's `rollout` section (None: no section)."""
+    return dict(setting(rollout, "replica") or {}), setting(rollout, "param_dtype") or None
 
 
 def episode_reward(config: ml_collections.ConfigDict) -> EffectsReward:

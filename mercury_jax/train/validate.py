@@ -19,7 +19,7 @@ from mercury_jax.train.config_ranges import field_problem
 from mercury_jax.train.guards import NonFiniteGuard
 from mercury_jax.train.pipelines import PIPELINES
 from mercury_jax.train.placement import DEVICE_LAYOUTS, role_devices, role_mesh_sizes, row_shards
-from mercury_jax.train.setup import model_runtime
+from mercury_jax.train.setup import model_runtime, rollout_layout
 from models.qwen35_moe.config import ATTENTION_IMPLS, GDN_IMPLS, MOE_IMPLS, PRESETS, REMAT_POLICIES, field_problems
 
 
@@ -135,7 +135,7 @@ def _check_rollout_replicas(config) -> None:
     """`rollout.replica` (one replica's mesh shape; empty: one engine) must split the rollout group evenly, and
     `rollout.num_slots` must split evenly over the replicas."""
     rollout = config.get("rollout")
-    replica = dict(setting(rollout, "replica") or {})
+    replica = rollout_layout(rollout)[0]
     if not replica:
         return
     unknown = set(replica) - set(MESH_AXES)
