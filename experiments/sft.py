@@ -19,6 +19,12 @@ def sft_config() -> ml_collections.ConfigDict:
     # gradient accumulation inside each step (train/microbatch.py): 64 rows over the 32 chips of the actor's mesh,
     # 2 micro-batches of one 32,768-token row a chip
     c.micro_batches = 2
+    # the corpus (docs/DATA.md): JSONL or ArrayRecord chat records with tool calls; files, globs or directories,
+    # comma-separated, local or gs:// ("": the oracle chats of the world's train tasks)
+    c.data = ""
+    c.data_workers = 2            # grain worker processes that render and pack rows (0: in the training process)
+    c.packing_bins = 8            # rows open at once while packing (first fit)
+    c.skip_bad_records = False    # True: skip records that cannot be trained on, counted as bad_records
     c.optimizer = ml_collections.ConfigDict(dict(lr=1e-5, warmup_steps=50, b1=0.9, b2=0.98, eps=1e-8,
                                                  weight_decay=0.0, grad_clip=1.0))
     c.log_every = 10
@@ -30,6 +36,7 @@ def tiny_sft(c: ml_collections.ConfigDict) -> None:
     c.steps = 200
     c.batch_rows = 8
     c.micro_batches = 1
+    c.data_workers = 0
     c.row_length = 800
     c.optimizer.lr = 1e-3
     c.optimizer.warmup_steps = 20

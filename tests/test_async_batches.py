@@ -8,9 +8,9 @@ import queue
 
 import pytest
 
+from mercury_jax.data.task_order import TaskOrder
 from mercury_jax.rollout.trajectory import Trajectory
 from mercury_jax.train.async_batches import AsyncBatches, AsyncLayoutChanged
-from mercury_jax.train.streams import TaskStream
 
 TASKS = [{"task_id": f"t{i}"} for i in range(5)]
 
@@ -42,7 +42,7 @@ def started(batches: AsyncBatches, count: int, tasks=None) -> list[int]:
 def test_a_batch_is_chosen_in_episode_order_and_everything_handed_out_is_accounted():
     """A round takes at most n finished trajectories a host (in the order they finished) and chooses among what has
     arrived in episode order; what is left waits in the worker's queue or the pool."""
-    stream = TaskStream(TASKS, seed=0)
+    stream = TaskOrder(TASKS, seed=0)
     batches = AsyncBatches(stream, owners=[0, 0], max_staleness=1, poll_s=0.0)
     worker = StandInWorker()
     batches.start(worker)
@@ -60,11 +60,11 @@ def test_a_batch_is_chosen_in_episode_order_and_everything_handed_out_is_account
     assert [t.episode_id for t in kept] == [4, 5] and (stale, env_failed) == (1, 1)
     assert batches.unsettled == set() and batches.pool == {}
     assert batches.handed_out == 4 + 1 + 1  # trained + stale + environment failure
-    assert [stream.at(e)["task_id"] for e in range(6)] == [t["task_id"] for t in TaskStream(TASKS, 0).take(6)]
+    assert [stream.at(e)["task_id"] for e in range(6)] == [t["task_id"] for t in TaskOrder(TASKS, 0).take(6)]
 
 
 def test_a_resume_samples_the_unsettled_episodes_first_then_goes_on():
-    stream = TaskStream(TASKS, seed=3)
+    stream = TaskOrder(TASKS, seed=3)
     batches = AsyncBatches(stream, owners=[0], max_staleness=1, poll_s=0.0)
     worker = StandInWorker()
     batches.start(worker)
@@ -87,21 +87,21 @@ def test_a_resume_samples_the_unsettled_episodes_first_then_goes_on():
 
 
 def test_a_resume_on_another_layout_is_refused_by_name():
-    batches = AsyncBatches(TaskStream(TASKS, seed=0), owners=[0, 0], max_staleness=1)
-    other = AsyncBatches(TaskStream(TASKS, seed=0), owners=[0], max_staleness=1)
+    batches = AsyncBatches(TaskOrder(TASKS, seed=0), owners=[0, 0], max_staleness=1)
+    other = AsyncBatches(TaskOrder(TASKS, seed=0), owners=[0], max_staleness=1)
     with pytest.raises(AsyncLayoutChanged, match="resumes only on the same layout"):
         other.restore(batches.meta())
 
 
 def test_no_batch_when_every_worker_has_ended():
-    batches = AsyncBatches(TaskStream(TASKS, seed=0), owners=[0], max_staleness=1, poll_s=0.0)
+    batches = AsyncBatches(TaskOrder(TASKS, seed=0), owners=[0], max_staleness=1, poll_s=0.0)
     batches.start(None)
     with pytest.raises(RuntimeError, match="every rollout worker has ended with 0 of 2"):
         batches.collect(2, version=0)
 
 
 def test_a_failed_worker_ends_the_collect_with_its_error():
-    batches = AsyncBatches(TaskStream(TASKS, seed=0), owners=[0], max_staleness=1, poll_s=0.0)
+    batches = AsyncBatches(TaskOrder(TASKS, seed=0), owners=[0], max_staleness=1, poll_s=0.0)
     worker = StandInWorker()
     batches.start(worker)
     worker.error = ConnectionError("the MCP host went away")

@@ -149,14 +149,14 @@ def test_async_rollouts_hold_one_engine_between_evaluations(model, tokenizer):  
     """Async mode: once the worker samples, the shared (evaluation) engine's weights and decode state are freed;
     `sync_engine` loads the latest weights for an evaluation, which samples wholly on them, and `evaluated` frees
     them again. An offloaded engine refuses to sample until it has weights, and a busy one refuses to offload."""
-    from mercury_jax.train.streams import TaskStream
+    from mercury_jax.data.task_order import TaskOrder
 
     group = make_mesh({"fsdp": 4}, devices=jax.devices()[4:8])
     rollouts = Rollouts(model, tokenizer, EpisodeSettings(budgets=REAL_BUDGETS, sampling=REAL_SAMPLING),
                         replica_engine(group), mode="async", queue_size=4)
     shared = rollouts.engine
     try:
-        kept, _, _ = rollouts.collect(TaskStream(ENTERPRISE, seed=0), 2)
+        kept, _, _ = rollouts.collect(TaskOrder(ENTERPRISE, seed=0), 2)
         assert len(kept) == 2
         assert all(e.sampler._weights[0] is None and e.state is None for e in shared.engines)  # freed
         assert shared.policy_version == -1

@@ -34,6 +34,7 @@ from scripted_engine import ScriptedEngine  # noqa: E402
 from experiments import common  # noqa: E402
 from experiments.sft import sft_config  # noqa: E402
 from experiments.sft import tiny_sft as tiny_sft_section  # noqa: E402
+from mercury_jax.data.corpus import InMemoryCorpus  # noqa: E402
 from mercury_jax.train import preemption, setup  # noqa: E402
 from mercury_jax.train.checkpoints import Checkpointer  # noqa: E402
 from mercury_jax.train.guards import NonFiniteError, NonFiniteGuard  # noqa: E402
@@ -116,20 +117,21 @@ def tiny_sft(steps: int, *, every: int = 1, keep: int = 2):
     cfg.steps, cfg.batch_rows, cfg.row_length, cfg.log_every = steps, 2, 32, 1
     cfg.optimizer.warmup_steps = 0
     rng = np.random.default_rng(0)
-    sequences = [(rng.integers(1, VOCAB, 20).tolist(), [0] * 8 + [1] * 12) for _ in range(8)]
-    return model_cfg, cfg, sequences, common.checkpoint_config(every=every, keep=keep)
+    corpus = InMemoryCorpus([{"tokens": rng.integers(1, VOCAB, 20).tolist(), "loss_mask": [0] * 8 + [1] * 12}
+                             for _ in range(8)])
+    return model_cfg, cfg, corpus, common.checkpoint_config(every=every, keep=keep)
 
 
 def run_sft(workdir, steps, *, poison_steps=(), train=None, every=1, keep=2):
     """run_sft on the tiny model; the batches of `poison_steps` get a NaN loss mask (inside the jitted step)."""
-    model_cfg, cfg, sequences, checkpoint_cfg = tiny_sft(steps, every=every, keep=keep)
+    model_cfg, cfg, corpus, checkpoint_cfg = tiny_sft(steps, every=every, keep=keep)
 
     class PoisonedSft(Sft):
-        def batch(self, step):
-            batch = super().batch(step)
+        def batch(self, step, local):
+            batch = super().batch(step, local)
             return {**batch, "loss_mask": batch["loss_mask"] * jnp.nan} if step in poison_steps else batch
 
-    return sft_run(cfg, setup.build_model(model_cfg, VOCAB, seed=0), sequences, workdir,
+    return sft_run(cfg, setup.build_model(model_cfg, VOCAB, seed=0), corpus, workdir,
                    checkpoint_cfg=checkpoint_cfg, train_cfg=train, algorithm=PoisonedSft)
 
 

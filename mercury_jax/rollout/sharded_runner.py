@@ -32,8 +32,7 @@ class ShardedRunner:
         return getattr(self.runner, name)
 
     def run(self, tasks: Sequence[Mapping], *, first_episode_id: int = 0) -> list[Trajectory]:
-        tasks = list(tasks)
-        me = jax.process_index()
+        me = jax.process_index()  # reads only its own tasks: a lazy window (data/task_order.py) stays unread
         mine = [i for i in range(len(tasks)) if self.owners[i % len(self.owners)] == me]
         local = self.runner.run([tasks[i] for i in mine], episode_ids=[first_episode_id + i for i in mine]) \
             if mine else []

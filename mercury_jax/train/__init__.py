@@ -1,1 +1,2 @@
-"""Trainers (SFT warm start, SAO, GRPO) and what they share: optimisers, checkpoints, metrics, task streams."""
+"""Trainers (SFT warm start, SAO, GRPO) and what they share: optimisers, checkpoints, metrics (their data comes
+from mercury_jax/data)."""

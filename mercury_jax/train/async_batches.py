@@ -31,9 +31,9 @@ from collections.abc import Iterator, Sequence
 
 import jax
 
+from mercury_jax.data.task_order import TaskOrder
 from mercury_jax.parallel.distributed import all_gather_objects
 from mercury_jax.rollout.trajectory import Trajectory
-from mercury_jax.train.streams import TaskStream
 
 
 class AsyncLayoutChanged(ValueError):
@@ -41,7 +41,7 @@ class AsyncLayoutChanged(ValueError):
 
 
 class AsyncBatches:
-    def __init__(self, stream: TaskStream, owners: Sequence[int], *, max_staleness: int, poll_s: float = 0.05,
+    def __init__(self, stream: TaskOrder, owners: Sequence[int], *, max_staleness: int, poll_s: float = 0.05,
                  timeout_s: float = 3600.0):
         self.stream, self.owners = stream, list(owners) or [0]  # no replicas (one process): one share, process 0
         self.max_staleness, self.poll_s, self.timeout_s = max_staleness, poll_s, timeout_s

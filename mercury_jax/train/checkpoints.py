@@ -26,6 +26,7 @@ import os
 import time
 from typing import Any
 
+import grain
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -55,7 +56,13 @@ from mercury_jax.train.checkpoint_roles import (
 )
 from mercury_jax.train.rundir import RunDir
 
-__all__ = ["Checkpointer", "CheckpointLayout", "CheckpointRestoreError", "CheckpointSaveError", "checkpoint_layout"]
+
+class DataLayoutChanged(ValueError):
+    """A run resumed on another process count than its checkpoint's data-iterator state was saved from."""
+
+
+__all__ = ["Checkpointer", "DataLayoutChanged", "CheckpointLayout", "CheckpointRestoreError", "CheckpointSaveError",
+           "checkpoint_layout"]
 
 
 class Checkpointer:
@@ -80,6 +87,7 @@ class Checkpointer:
             handlers = {ROLE_ITEM_PREFIX + part: role_item_handler(primary)
                         for part, primary in self.layout.primaries.items()}
             handlers["meta"] = ocp.JsonCheckpointHandler()
+            handlers["data"] = grain.checkpoint.CheckpointHandler()
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
         self._closed = False
         self._in_flight: int | None = None  # the step whose (async) save has started and not been checked
@@ -95,38 +103,67 @@ class Checkpointer:
         """Every `save_every` steps, at the last step, and after any step once a preemption was requested."""
         return last or preemption.requested() or (self.save_every > 0 and step % self.save_every == 0)
 
-    def save(self, step: int, arrays: Any, meta: dict) -> None:
+    def save(self, step: int, arrays: Any, meta: dict, data=None) -> None:
         """Start saving `step` (in the background when async); `CheckpointSaveError` if this save or the one before
-        it failed."""
+        it failed. `data`: a data iterator's state (grain's protocol, e.g. `RowStream.snapshot()`), written by grain's
+        checkpoint handler as the `data` item, one file a process."""
         if self._failure is not None:
             raise self._failure
         self._finish_in_flight()
         if self.host_copies:
             arrays = fetch(arrays)  # a collective: every process saves every step together
         try:
-            self.manager.save(step, args=ocp.args.Composite(**save_args(self.layout, arrays),
-                                                            meta=ocp.args.JsonSave(meta)))
+            items = dict(save_args(self.layout, arrays), meta=ocp.args.JsonSave(meta))
+            if data is not None:
+                items["data"] = grain.checkpoint.CheckpointSave(data)
+            self.manager.save(step, args=ocp.args.Composite(**items))
         except Exception as error:  # noqa: BLE001 - Orbax raises ValueError for a failed tensorstore write
             raise self._save_failed(step, error) from None
         self._in_flight = step
         if not self.manager.is_saving_in_progress():  # done already: a synchronous save, or an early failure
             self._finish_in_flight()
 
-    def restore(self, step: int, abstract_arrays: Any) -> tuple[Any, dict]:
-        """Arrays restored into the structure, dtypes and shardings of `abstract_arrays`, and the metadata."""
+    def restore(self, step: int, abstract_arrays: Any, data=None) -> tuple[Any, dict]:
+        """Arrays restored into the structure, dtypes and shardings of `abstract_arrays`, and the metadata; `data`
+        (a data iterator) set to the step's saved position when the step holds one (`data_state_of`)."""
+        data_args = {} if data is None or not self.data_state_of(step) else {
+            "data": grain.checkpoint.CheckpointRestore(data)}
         if self.host_copies:
             # read as host arrays, whatever devices saved them (a checkpoint of another layout restores too)
             as_host = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), abstract_arrays)
             restored = self.manager.restore(step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(as_host),
-                                                                          meta=ocp.args.JsonRestore()))
+                                                                          meta=ocp.args.JsonRestore(), **data_args))
             arrays = jax.tree.map(lambda value, x: from_host(np.asarray(value, x.dtype), x.sharding),
                                   restored["arrays"], abstract_arrays)
             return arrays, restored["meta"]
         restored = self.manager.restore(step, args=ocp.args.Composite(**restore_args(self.layout, abstract_arrays),
-                                                                      meta=ocp.args.JsonRestore()))
+                                                                      meta=ocp.args.JsonRestore(), **data_args))
         return restored_arrays(self.layout, restored), restored["meta"]
 
-    def restore_latest(self, abstract_arrays: Any) -> tuple[Any, dict] | None:
+    def data_state_of(self, step: int) -> bool:
+        """Whether `step` holds this process's data-iterator state. A step without a `data` item (written by a run
+        without a data iterator) restores without one (the data starts afresh, said in one line); one whose `data`
+        item lacks this process's file was saved on another process count: `DataLayoutChanged`."""
+        if not self._data_item(step):
+            print(f"checkpoint step {step} in {self.directory} holds no data-iterator state; the data stream "
+                  f"starts from its beginning", flush=True)
+            return False
+        return True
+
+    def _data_item(self, step: int) -> bool:
+        """Whether `step` has a `data` item; `DataLayoutChanged` when it lacks this process's file."""
+        item = self.directory / str(step) / "data"
+        if not item.exists():
+            return False
+        mine = item / f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+        if not mine.exists():
+            saved = sorted(p.name for p in item.iterdir())
+            raise DataLayoutChanged(f"checkpoint step {step} in {self.directory} holds the data-iterator state of "
+                                    f"{saved}, not of process {jax.process_index()} of {jax.process_count()}: "
+                                    f"resume on the process count the run was checkpointed with")
+        return True
+
+    def restore_latest(self, abstract_arrays: Any, data=None) -> tuple[Any, dict] | None:
         """(arrays, meta) of the newest step that restores, None when there is no step; skipped steps are printed
         and then moved aside (module docstring). `CheckpointRestoreError` when steps exist and none restores."""
         skipped: list[tuple[int, str]] = []
@@ -135,8 +172,10 @@ class Checkpointer:
             step = steps[index]
             reason = unreadable_reason(self.directory / str(step))
             if reason is None:
+                if data is not None:
+                    self._data_item(step)  # another process count is a config problem, not damage: raise
                 try:
-                    arrays, meta = self.restore(step, abstract_arrays)
+                    arrays, meta = self.restore(step, abstract_arrays, data)
                 except Exception as error:  # noqa: BLE001 - any failure to read this step is a reason to skip it
                     if jax.process_count() > 1:
                         raise self._restore_failed_on_some_process(step, steps[:index], error) from None

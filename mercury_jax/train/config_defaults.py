@@ -9,6 +9,10 @@ from __future__ import annotations
 DEFAULTS = {
     "device_layout": "consecutive",           # config: how device groups are cut from the devices
     "micro_batches": 1,                       # sft / grpo: passes per learner step
+    "data": "",                               # sft: the corpus files ("": the world's oracle chats)
+    "data_workers": 0,                        # sft: grain worker processes
+    "packing_bins": 8,                        # sft: rows open at once while packing
+    "skip_bad_records": False,                # sft: skip (and count) records that cannot be trained on
     "actor_micro_batches": 1,                 # sao
     "critic_micro_batches": 1,                # sao
     "policy_loss": "dis",                     # sao / group_baseline: the actor's loss ("dis" | "ppo")

@@ -24,6 +24,7 @@ import time
 import ml_collections
 import numpy as np
 
+from mercury_jax.data.task_order import TaskOrder
 from mercury_jax.parallel.distributed import fetch
 from mercury_jax.rl.advantages import group_advantages
 from mercury_jax.rollout.trajectory import padded_length
@@ -39,7 +40,6 @@ from mercury_jax.train.rollouts import Rollouts, Seams
 from mercury_jax.train.run_reader import eval_seed
 from mercury_jax.train.rundir import RunDir, StageDir
 from mercury_jax.train.sao_learner import POLICY_LOSSES, make_actor_step
-from mercury_jax.train.streams import TaskStream
 from mercury_jax.train.validate import ConfigError, check_choice, check_micro_batches, role_row_shards
 from mercury_jax.train.warm_start import starting_policy
 
@@ -95,7 +95,7 @@ class GroupBaseline:
         self.actor_step = make_actor_step(self.actor.graphdef, self.actor.tx, self.cfg,
                                           state_shardings=step_shardings(self.actor))
         tasks = seams.tasks or (lambda split: setup.world_tasks(config.world, split))
-        self.stream = TaskStream(tasks("train"), config.seed)
+        self.stream = TaskOrder(tasks("train"), config.seed)
         self.rollouts = Rollouts(model, tokenizer, setup.episode_settings(config, config.seed, reward=seams.reward),
                                  setup.engine_settings(config, self.meshes["rollout"], seams.make_engine))
         self.heldout = HeldOut(self.rollouts, self.rollouts.evaluator(eval_seed(config)), tasks("eval"), stage,
@@ -122,7 +122,7 @@ class GroupBaseline:
         self.rollouts.mark_usage()
         tasks = self.stream.take(cfg.batch_prompts)
         first = self.stream.consumed - len(tasks)
-        trajectories = self.rollouts.run([t for t in tasks for _ in range(K)], first_episode_id=first * K)
+        trajectories = self.rollouts.run(tasks.repeated(K), first_episode_id=first * K)
         rollout_s = time.perf_counter() - t0
         host_batch, metrics = self._batch(trajectories, len(tasks))
         updated, applied = False, True

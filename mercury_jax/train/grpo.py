@@ -6,9 +6,9 @@ A pivot state is a one-turn episode whose prompt is a chat prefix: its task hold
 prefix and the task's tools, and it runs on the same `EpisodeRunner` -> `Trajectory` -> `batch_trajectories` path
 as SAO's episodes, with `max_tool_turns = 0` (a tool-calling turn ends the episode unexecuted), the
 `PrefixEpisode` environment and the `StopVerifierReward`. One step takes `batch_states` states from the seeded
-epoch order (`streams.py`) and samples `group_size` episodes of each: continuation k of the n-th state of the run
-is episode n * K + k (one turn, so request n * K + k) with the run's seed, so its tokens depend only on the
-weights. Rewards [G, K] give `group_advantages` (std normalisation switchable); all-equal groups are always
+epoch order (`data/task_order.py`, grain) and samples `group_size` episodes of each: continuation k of the n-th
+state of the run is episode n * K + k (one turn, so request n * K + k) with the run's seed, so its tokens depend
+only on the weights. Rewards [G, K] give `group_advantages` (std normalisation switchable); all-equal groups are always
 counted and, with `filter_zero_variance`, dropped (their rows get an empty action mask). The frozen reference
 (the starting policy in `reference_dtype`, on the actor's devices in a mesh of its own, `mesh.reference`, never
 updated) scores
@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from mercury_jax.data.task_order import TaskOrder
 from mercury_jax.envs.browse.stop_verifier import STOP_RULES
 from mercury_jax.envs.prefix_episode import PrefixEpisode
 from mercury_jax.parallel.distributed import all_gather_objects, fetch
@@ -44,7 +45,6 @@ from mercury_jax.train.placement import batch_to_mesh, role_meshes, state_on_mes
 from mercury_jax.train.rollouts import Rollouts, Seams
 from mercury_jax.train.rundir import RunDir, StageDir, append_line, write_text
 from mercury_jax.train.state import TrainState
-from mercury_jax.train.streams import TaskStream
 from mercury_jax.train.warm_start import starting_policy, starting_policy_name
 
 LEARNER_KEYS = ("loss", "policy_loss", "kl_loss", "kl", "clip_fraction", "clip_low_fraction", "clip_high_fraction",
@@ -95,7 +95,7 @@ class PivotGrpo:
                                  dataclasses.replace(episodes, budgets=one_turn, environment=PrefixEpisode),
                                  setup.engine_settings(config, self.meshes["rollout"], seams.make_engine))
         states = seams.tasks("train") if seams.tasks else self.pivot_states()
-        self.stream = TaskStream(states, config.seed)
+        self.stream = TaskOrder(states, config.seed)
 
     # -- what the loop checkpoints --
     def arrays(self) -> dict:
@@ -117,7 +117,7 @@ class PivotGrpo:
         t0 = time.perf_counter()
         states = self.stream.take(cfg.batch_states)
         first_state = self.stream.consumed - len(states)
-        trajectories = self.rollouts.run([s for s in states for _ in range(K)], first_episode_id=first_state * K)
+        trajectories = self.rollouts.run(states.repeated(K), first_episode_id=first_state * K)
         rollout_s = time.perf_counter() - t0
         rewards_GxK = np.array([t.reward for t in trajectories], np.float32).reshape(len(states), K)
         advantages_GxK, group_stats = group_advantages(rewards_GxK, std_normalize=cfg.std_normalize,

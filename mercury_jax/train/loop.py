@@ -38,7 +38,8 @@ class StepResult:
 
 class Algorithm(Protocol):
     """What a stage implements; optional: `evaluate(label)` with `final_label`, `finish(history, evaluations)`,
-    `logs` (its own JSONL files, truncated on resume)."""
+    `logs` (its own JSONL files, truncated on resume), `data_stream` (a data iterator in grain's checkpoint protocol,
+    e.g. `data/row_stream.RowStream`: its position is saved in every checkpoint and restored with it)."""
     stage: str
     steps: int
     progress_keys: tuple[str, ...]
@@ -95,7 +96,7 @@ def run_loop(algorithm: Algorithm, stage: StageDir, cadence: Cadence, *, train_c
                 append_line(stage.evals, json.dumps({"step": step, **algorithm.evaluate(f"step {step}")}))
             preemption.poll(step)  # several processes: the same step everywhere, whichever host got the signal
             if checkpointer.should_save(step, last=last):
-                checkpointer.save(step, algorithm.arrays(), _meta(algorithm, step, version, rollouts))
+                _save(checkpointer, algorithm, step, version, rollouts)
             preemption.exit_if_requested(step, name, checkpointer)
     except BaseException:  # a non-finite step, a preemption, a failure: nothing may outlive the loop
         if rollouts is not None:
@@ -117,7 +118,9 @@ def _restore(algorithm: Algorithm, checkpointer, cadence: Cadence, rollouts) -> 
     """(start step, policy version) from the newest checkpoint that restores, its policy republished; with none,
     (0, 0), after saving step 0 when `cadence.save_initial`."""
     start, version = 0, 0
-    restored = checkpointer.restore_latest(algorithm.arrays())  # skips (and moves aside) damaged newer steps
+    data = getattr(algorithm, "data_stream", None)
+    # skips (and moves aside) damaged newer steps
+    restored = checkpointer.restore_latest(algorithm.arrays(), **({"data": data} if data is not None else {}))
     if restored is not None:
         arrays, meta = restored
         algorithm.restore(arrays, meta)
@@ -126,7 +129,7 @@ def _restore(algorithm: Algorithm, checkpointer, cadence: Cadence, rollouts) -> 
             rollouts.publish(algorithm.policy(), version)
         print(f"[{algorithm.stage}] resumed from step {start} ({_describe(meta)})", flush=True)
     elif cadence.save_initial:
-        checkpointer.save(0, algorithm.arrays(), _meta(algorithm, 0, version, rollouts))
+        _save(checkpointer, algorithm, 0, version, rollouts)
     return start, version
 
 
@@ -167,6 +170,13 @@ def _final_evaluations(algorithm: Algorithm, stage: StageDir) -> list[dict]:
         evaluations.append({"step": algorithm.steps, **algorithm.evaluate(final)})
         append_line(stage.evals, json.dumps(evaluations[-1]))
     return evaluations
+
+
+def _save(checkpointer, algorithm: Algorithm, step: int, version: int, rollouts) -> None:
+    """Checkpoint `step`: the arrays, the metadata and (a stage with one) the data stream's position now."""
+    data = getattr(algorithm, "data_stream", None)
+    checkpointer.save(step, algorithm.arrays(), _meta(algorithm, step, version, rollouts),
+                      **({"data": data.snapshot()} if data is not None else {}))
 
 
 def _meta(algorithm: Algorithm, step: int, version: int, rollouts) -> dict:

@@ -8,7 +8,7 @@ layout (a replica swaps them between its requests). Without it, as follows.
 
 Sync mode: one `Engine` on the first rollout device; `run(tasks, first_episode_id)` samples a batch with the
 latest weights (episode e of the run is request block e with the run's seed, so a resumed run samples the same
-tokens). Async mode: a `RolloutWorker` over the rollout devices keeps generating from a `TaskStream` in the
+tokens). Async mode: a `RolloutWorker` over the rollout devices keeps generating from a `TaskOrder` in the
 background (started at the first `collect`); `collect` takes finished trajectories, dropping those more than
 `max_staleness` versions old and environment failures, both counted (`train/async_batches.py`: on several processes
 each rollout host samples its own share and every process agrees on each batch; a resumed run first re-samples the
@@ -33,6 +33,7 @@ from collections.abc import Callable
 import jax
 from flax import nnx
 
+from mercury_jax.data.task_order import TaskOrder
 from mercury_jax.rollout.engine import Engine
 from mercury_jax.rollout.episode import EpisodeRunner
 from mercury_jax.rollout.failures import trainable
@@ -44,7 +45,6 @@ from mercury_jax.rollout.worker import RolloutWorker
 from mercury_jax.train.async_batches import AsyncBatches
 from mercury_jax.train.checkpoints import Checkpointer
 from mercury_jax.train.placement import device_copy
-from mercury_jax.train.streams import TaskStream
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +94,7 @@ class Rollouts:
         """Sync: one episode per task with the latest weights (episode ids from `first_episode_id`)."""
         return self.runner.run(tasks, first_episode_id=first_episode_id)
 
-    def collect(self, stream: TaskStream, n: int) -> tuple[list[Trajectory], int, int]:
+    def collect(self, stream: TaskOrder, n: int) -> tuple[list[Trajectory], int, int]:
         """(n or fewer trajectories to learn from, dropped as stale, dropped for an environment failure). Sync: the
         next n tasks of `stream`, minus environment failures; async: waits for n trainable, fresh ones (every
         process together, `AsyncBatches.collect`)."""

@@ -24,6 +24,7 @@ import time
 import ml_collections
 import numpy as np
 
+from mercury_jax.data.task_order import TaskOrder
 from mercury_jax.parallel.distributed import fetch
 from mercury_jax.rollout.trajectory import batch_trajectories, padded_length
 from mercury_jax.train import setup
@@ -36,7 +37,6 @@ from mercury_jax.train.rollouts import Rollouts, Seams
 from mercury_jax.train.run_reader import eval_seed
 from mercury_jax.train.rundir import RunDir, StageDir, append_line
 from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step
-from mercury_jax.train.streams import TaskStream
 from mercury_jax.train.warm_start import starting_policy
 from models.qwen35_moe.critic import Qwen35MoeCritic, critic_trainable
 
@@ -80,7 +80,7 @@ class Sao:
         self.advantage_fn = make_advantage_fn(self.critic.graphdef, self.cfg, mesh=self.meshes["critic"])
 
         tasks = seams.tasks or (lambda split: setup.world_tasks(config.world, split))
-        self.stream = TaskStream(tasks("train"), config.seed)
+        self.stream = TaskOrder(tasks("train"), config.seed)
         self.rollouts = Rollouts(model, tokenizer, setup.episode_settings(config, config.seed, reward=seams.reward),
                                  setup.engine_settings(config, self.meshes["rollout"], seams.make_engine),
                                  mode=self.rcfg.mode, max_staleness=self.cfg.max_staleness,

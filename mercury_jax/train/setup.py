@@ -5,6 +5,7 @@ import asyncio
 import os
 from pathlib import Path
 
+import grain
 import jax.numpy as jnp
 import ml_collections
 from flax import nnx
@@ -12,7 +13,7 @@ from flax import nnx
 from mercury_jax.chat import qwen35_tokenizer, train_sentencepiece_tokenizer
 from mercury_jax.envs.behaviour import BehaviourConfig
 from mercury_jax.envs.episode import make_episode, oracle_trajectory
-from mercury_jax.envs.generate import read_tasks
+from mercury_jax.envs.generate import TaskSource
 from mercury_jax.envs.presets import preset_tasks
 from mercury_jax.parallel import init_sharded
 from mercury_jax.rollout.engine import Engine
@@ -26,11 +27,15 @@ from models.qwen35_moe.config import PRESETS
 
 
 def world_tasks(world: ml_collections.ConfigDict, split: str) -> list[dict]:
-    """Train or eval tasks: from the corpus directory if set, else generated in process (disjoint seeds)."""
+    """Train or eval tasks: from the corpus directory if set, else generated in process (disjoint seeds). A corpus's
+    train split is a lazy grain source (records n_eval .. n_eval + num_train_tasks, read when a run reaches them, so
+    each host of a pod reads only its own episodes' tasks); the eval split is a list."""
     if world.corpus_dir:
-        tasks = list(read_tasks(world.corpus_dir))
+        source = TaskSource(world.corpus_dir)
         n_eval = world.num_eval_tasks
-        return tasks[n_eval:n_eval + world.num_train_tasks] if split == "train" else tasks[:n_eval]
+        if split == "train":
+            return grain.MapDataset.source(source).slice(slice(n_eval, n_eval + world.num_train_tasks))
+        return [source[i] for i in range(min(n_eval, len(source)))]
     seed, count = ((world.train_seed, world.num_train_tasks) if split == "train"
                    else (world.eval_seed, world.num_eval_tasks))
     tasks: list[dict] = []

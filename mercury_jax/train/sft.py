@@ -1,27 +1,28 @@
-"""The SFT algorithm (warm start): minimise -mean log p(action tokens) over packed trajectories (the jitted step,
+"""The SFT algorithm (warm start): minimise -mean log p(action tokens) over packed chats (the jitted step,
 micro-batched or not, is `sft_learner.py`).
 
-Rows are packed with segment ids (documents never see each other) and batched in seeded epoch orders
-(`streams.batch_rows`), so a resumed run (`loop.py`) continues with the same batches. A non-finite loss or
-gradient raises or skips the step (`guards.py`), never trains on.
+Rows come from grain (`train/sft_data.py`, `data/sft_rows.py`): the corpus (a user's files, `sft.data`, or the
+oracle chats of the world's train tasks) rendered by the chat path, packed with segment ids (documents never see
+each other), read per data shard by the processes whose devices hold it, in a seeded order reshuffled every epoch.
+The stream's position is saved with every checkpoint (grain's checkpoint handler, `loop.py`), so a resumed run
+trains on exactly the rows it would have. `WORKDIR/sft/batches.jsonl` lists the record ids of each step's rows. A
+non-finite loss or gradient raises or skips the step (`guards.py`), never trains on.
 """
 from __future__ import annotations
 
+import json
 import os
 
-import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
 from mercury_jax.parallel.distributed import fetch
 from mercury_jax.train.loop import Cadence, StepResult, run_loop
 from mercury_jax.train.optim import make_optimizer
-from mercury_jax.train.packing import pack_sequences
-from mercury_jax.train.placement import batch_to_mesh, state_on_mesh, step_shardings
-from mercury_jax.train.rundir import StageDir, as_path
+from mercury_jax.train.placement import state_on_mesh, step_shardings
+from mercury_jax.train.rundir import StageDir, append_line, as_path
+from mercury_jax.train.sft_data import SftData
 from mercury_jax.train.sft_learner import make_sft_step
 from mercury_jax.train.state import TrainState
-from mercury_jax.train.streams import batch_rows
 
 
 class Sft:
@@ -29,10 +30,14 @@ class Sft:
     progress_keys = ("loss",)
     plot_keys = ("loss", "token_accuracy_proxy")
 
-    def __init__(self, cfg: ml_collections.ConfigDict, model, sequences: list[tuple[list[int], list[int]]], *,
+    def __init__(self, cfg: ml_collections.ConfigDict, model, corpus, stage: StageDir, *, tokenizer=None,
                  seed: int = 0, pad_id: int = 0, mesh=None):
-        self.cfg, self.seed, self.steps, self.mesh = cfg, seed, cfg.steps, mesh
-        self.packed = pack_sequences(sequences, cfg.row_length, pad_id=pad_id)
+        """`corpus`: a grain random-access source of (index, record, where) (`data/corpus.py`); `tokenizer` renders
+        chat records (records given as {"tokens", "loss_mask"} need none)."""
+        self.cfg, self.steps, self.mesh, self.stage_dir = cfg, cfg.steps, mesh, stage
+        self.logs = (stage.batches,)
+        self.data = SftData(cfg, corpus, tokenizer, seed=seed, pad_id=pad_id, mesh=mesh)
+        self.data_stream = self.data.stream  # checkpointed by the loop
         if mesh is None:
             self.state = TrainState.create(model, make_optimizer(cfg.optimizer))
             self.update = make_sft_step(self.state.graphdef, self.state.tx, cfg)
@@ -53,42 +58,32 @@ class Sft:
     def policy(self):
         return self.state.model()
 
-    def rows(self, step: int):
-        """The packed-row indices of step `step` (1-based)."""
-        return batch_rows(len(self.packed["tokens"]), self.cfg.batch_rows, step - 1, self.seed)
-
-    def host_batch(self, step: int) -> dict:
-        """The packed rows of step `step` (1-based), as host arrays."""
-        rows = self.rows(step)
-        return {k: v[rows] for k, v in self.packed.items()}
-
-    def batch(self, step: int) -> dict:
-        """The packed rows of step `step` (1-based), on the learner's mesh (or device)."""
-        rows = self.host_batch(step)
-        if self.mesh is not None:
-            return batch_to_mesh(rows, self.mesh)
-        return {k: jnp.asarray(v) for k, v in rows.items()}
+    def batch(self, step: int, local: dict) -> dict:
+        """Step `step`'s batch (`local`: this process's shards' rows) on the learner's mesh (or device)."""
+        return self.data.place(local)
 
     def step(self, step: int, *, version: int, guard) -> StepResult:
-        batch = self.batch(step)
+        local = self.data.next()
+        batch = self.batch(step, local)
         state = self.state
         state.params, state.opt_state, metrics = self.update(state.params, state.frozen, state.opt_state, batch)
         metrics = fetch(metrics)
         applied = guard.check(step, metrics)  # raises before this step can be logged or saved
-        # counted on the host: a process that holds none of the learner's devices cannot read the placed batch
-        tokens = float(np.sum(self.packed["segment_ids"][self.rows(step)] > 0))
-        return StepResult({**metrics, "tokens": tokens}, applied=applied)
+        summary = self.data.summary(local)
+        append_line(self.stage_dir.batches, json.dumps({"step": step, "rows": summary["rows"],
+                                                        "bad_records": summary["bad_records"]}))
+        return StepResult({**metrics, "tokens": float(summary["tokens"]), "bad_records": summary["bad_records"]},
+                          applied=applied)
 
 
-def run_sft(cfg: ml_collections.ConfigDict, model, sequences: list[tuple[list[int], list[int]]],
-            workdir: str | os.PathLike, *, seed: int = 0, checkpoint_cfg: ml_collections.ConfigDict | None = None,
-            pad_id: int = 0, train_cfg: ml_collections.ConfigDict | None = None, algorithm: type[Sft] = Sft,
-            mesh=None):
-    """Train `model` on (tokens, action_mask) sequences in the stage directory `workdir`; returns the trained
-    model and the metric history. `train_cfg` (the config's `train` section) sets the non-finite policy; `mesh`
-    (the actor role's) shards the parameters, optimiser state and rows (None: the model's own device)."""
-    sft = algorithm(cfg, model, sequences, seed=seed, pad_id=pad_id, mesh=mesh)
+def run_sft(cfg: ml_collections.ConfigDict, model, corpus, workdir: str | os.PathLike, *, tokenizer=None,
+            seed: int = 0, checkpoint_cfg: ml_collections.ConfigDict | None = None, pad_id: int = 0,
+            train_cfg: ml_collections.ConfigDict | None = None, algorithm: type[Sft] = Sft, mesh=None):
+    """Train `model` on `corpus` in the stage directory `workdir`; returns the trained model and the metric
+    history. `train_cfg` (the config's `train` section) sets the non-finite policy; `mesh` (the actor role's)
+    shards the parameters, optimiser state and rows (None: the model's own device)."""
+    stage = StageDir(as_path(workdir), "sft")
+    sft = algorithm(cfg, model, corpus, stage, tokenizer=tokenizer, seed=seed, pad_id=pad_id, mesh=mesh)
     checkpoint_cfg = checkpoint_cfg or ml_collections.ConfigDict(dict(every=0, keep=1, async_save=False))
-    history = run_loop(sft, StageDir(as_path(workdir), "sft"),
-                       Cadence.from_config(checkpoint_cfg, log_every=cfg.log_every), train_cfg=train_cfg)
+    history = run_loop(sft, stage, Cadence.from_config(checkpoint_cfg, log_every=cfg.log_every), train_cfg=train_cfg)
     return sft.policy(), history

@@ -1,6 +1,6 @@
-"""The starting policy of every stage: the SFT warm start (oracle chats of the train tasks -> tokenizer -> (ids,
-action mask) rows -> `sft.run_sft`) when the config asks for one, else `model.hf_path` or the preset. The "sft"
-pipeline is the warm start alone."""
+"""The starting policy of every stage: the SFT warm start (a chat corpus, `sft.data`, or the oracle chats of the
+train tasks -> tokenizer -> `sft.run_sft`, which renders and packs them in grain) when the config asks for one, else
+`model.hf_path` or the preset. The "sft" pipeline is the warm start alone."""
 from __future__ import annotations
 
 import json
@@ -9,37 +9,57 @@ import os
 import ml_collections
 
 from mercury_jax.chat import render
-from mercury_jax.rollout.messages import trajectory_from_messages
+from mercury_jax.data.chat_records import BadRecord, parse_record
+from mercury_jax.data.corpus import InMemoryCorpus, chat_corpus
 from mercury_jax.train import setup
+from mercury_jax.train.config_defaults import setting
 from mercury_jax.train.placement import role_meshes
 from mercury_jax.train.rundir import RunDir, write_text
 from mercury_jax.train.sft import run_sft
 
+TOKENIZER_SAMPLE = 512  # records of a user corpus a SentencePiece tokenizer is trained on
+
 
 def prepare_sft_data(config: ml_collections.ConfigDict, workdir: str | os.PathLike | RunDir):
-    """Train tasks -> oracle chats (with the `config.oracle` options when the config has them) -> tokenizer (trained
-    on their text when SentencePiece) -> (ids, action mask)."""
+    """(tokenizer, corpus): the files of `sft.data` (docs/DATA.md), or the train tasks' oracle chats (with the
+    `config.oracle` options when the config has them) as in-memory records. A SentencePiece tokenizer is trained on
+    the chats' rendered text (of a user corpus: its first `TOKENIZER_SAMPLE` records that parse)."""
+    if setting(config.sft, "data"):
+        corpus = chat_corpus(config.sft.data)
+        texts = corpus_texts(corpus) if config.tokenizer.kind == "sentencepiece" else []
+        tokenizer = setup.build_tokenizer(config.tokenizer, workdir, texts)
+        print(f"SFT data: {len(corpus)} records from {config.sft.data}, vocabulary {tokenizer.vocab_size}",
+              flush=True)
+        return tokenizer, corpus
     tasks = setup.world_tasks(config.world, "train")
     chats = setup.oracle_messages(tasks, config.oracle.to_dict() if "oracle" in config else None)
     tools = setup.tool_schemas(tasks)
     tokenizer = setup.build_tokenizer(config.tokenizer, workdir, [render(m, t) for m, t in zip(chats, tools)])
-    trajectories = [trajectory_from_messages(tokenizer, m, t) for m, t in zip(chats, tools)]
-    sequences = [(traj.tokens, traj.action_mask) for traj in trajectories]
-    lengths = [len(s[0]) for s in sequences]
-    print(f"SFT data: {len(sequences)} oracle trajectories, {min(lengths)}-{max(lengths)} tokens "
-          f"(mean {sum(lengths) / len(lengths):.0f}), vocabulary {tokenizer.vocab_size}", flush=True)
-    return tokenizer, sequences
+    print(f"SFT data: {len(chats)} oracle chats of the train tasks, vocabulary {tokenizer.vocab_size}", flush=True)
+    return tokenizer, InMemoryCorpus([{"messages": m, "tools": t} for m, t in zip(chats, tools)], "oracle chat")
+
+
+def corpus_texts(corpus) -> list[str]:
+    texts = []
+    for i in range(min(len(corpus), TOKENIZER_SAMPLE)):
+        index, raw, where = corpus[i]
+        try:
+            record = parse_record(raw, index, where)
+            texts.append(render(record["messages"], record["tools"] or None))
+        except (BadRecord, ValueError, KeyError, TypeError):
+            continue  # named when the pipeline reaches it
+    return texts
 
 
 def run_sft_pipeline(config: ml_collections.ConfigDict, workdir: str | os.PathLike | RunDir):
     """The warm start, on the actor role's mesh (the policy is born there); returns (policy, tokenizer) and writes
     `sft_summary.json`."""
     run = workdir if isinstance(workdir, RunDir) else RunDir(workdir)
-    tokenizer, sequences = prepare_sft_data(config, run)
+    tokenizer, corpus = prepare_sft_data(config, run)
     mesh = role_meshes(config, ("actor",))["actor"] if "devices" in config else None
     model = setup.build_model(config.model, tokenizer.vocab_size, config.seed, mesh=mesh)
-    model, history = run_sft(config.sft, model, sequences, run.stage("sft").path, seed=config.seed,
-                             checkpoint_cfg=config.sft.get("checkpoint") or config.checkpoint,
+    model, history = run_sft(config.sft, model, corpus, run.stage("sft").path, tokenizer=tokenizer,
+                             seed=config.seed, checkpoint_cfg=config.sft.get("checkpoint") or config.checkpoint,
                              pad_id=tokenizer.pad_id, train_cfg=config.get("train"), mesh=mesh)
     summary = {"final_loss": history[-1]["loss"] if history else None, "steps": config.sft.steps}
     write_text(run.sft_summary, json.dumps(summary, indent=2))
