@@ -30,6 +30,9 @@ class BadRecord(ValueError):
                          f"sft.skip_bad_records=True to skip such records (they are counted in the SFT metrics as "
                          f"bad_records)")
 
+    def __reduce__(self):  # raised in a grain worker process, it crosses to the trainer whole
+        return BadRecord, (self.index, self.where, self.problem)
+
 
 def parse_record(raw: bytes | str | Mapping, index: int, where: str) -> dict:
     """The record as a dict with a checked `messages` list and `tools` list; `BadRecord` otherwise."""

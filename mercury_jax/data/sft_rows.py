@@ -18,6 +18,7 @@ from typing import Any
 
 import grain
 import numpy as np
+from absl import flags
 
 from mercury_jax.data.chat_records import BadRecord, record_sequence
 
@@ -95,5 +96,7 @@ def shard_rows(corpus, tokenizer, spec: RowSpec, shard: int) -> grain.IterDatase
         meta_features=("record", "bad"), padding_struct={"tokens": spec.pad_id, "loss_mask": 0.0})
     steps = rows.map(as_row).batch(spec.rows_per_shard, batch_fn=stack_rows)
     if spec.workers:
+        if not flags.FLAGS.is_parsed():  # grain's workers read absl flags; a library caller (tests, benches) has none
+            flags.FLAGS.mark_as_parsed()
         steps = steps.mp_prefetch(grain.MultiprocessingOptions(num_workers=spec.workers))
     return steps

@@ -64,6 +64,9 @@ FIELDS: tuple[Field, ...] = (
     Field("sft.batch_rows", COUNT),
     Field("sft.row_length", FieldRange(int, 2), "tokens a packed row holds; a next-token loss needs two"),
     Field("sft.micro_batches", COUNT),
+    Field("sft.data_workers", COUNT0),
+    Field("sft.packing_bins", COUNT),
+    Field("sft.skip_bad_records", FLAG),
     Field("sft.log_every", COUNT),
     *OPTIMIZER,
     # SAO

@@ -113,6 +113,7 @@ class Sao:
         staleness = np.array([version - t.policy_version for t in trajectories])
         append_line(self.stage_dir.batches, json.dumps({
             "step": step, "version": version, "episode_ids": [t.episode_id for t in trajectories],
+            "task_ids": [t.task_id for t in trajectories],
             "policy_lag": staleness.tolist(), "dropped_stale": stale, "env_failures": env_dropped}))
         length = padded_length(trajectories, self.rcfg.max_total_tokens)
         host_batch = batch_trajectories(trajectories, length, pad_id=self.tokenizer.pad_id)

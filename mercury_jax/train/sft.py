@@ -31,12 +31,12 @@ class Sft:
     plot_keys = ("loss", "token_accuracy_proxy")
 
     def __init__(self, cfg: ml_collections.ConfigDict, model, corpus, stage: StageDir, *, tokenizer=None,
-                 seed: int = 0, pad_id: int = 0, mesh=None):
+                 seed: int = 0, mesh=None):
         """`corpus`: a grain random-access source of (index, record, where) (`data/corpus.py`); `tokenizer` renders
-        chat records (records given as {"tokens", "loss_mask"} need none)."""
+        chat records and gives the padding id (records given as {"tokens", "loss_mask"} need none: padding 0)."""
         self.cfg, self.steps, self.mesh, self.stage_dir = cfg, cfg.steps, mesh, stage
         self.logs = (stage.batches,)
-        self.data = SftData(cfg, corpus, tokenizer, seed=seed, pad_id=pad_id, mesh=mesh)
+        self.data = SftData(cfg, corpus, tokenizer, seed=seed, pad_id=getattr(tokenizer, "pad_id", 0), mesh=mesh)
         self.data_stream = self.data.stream  # checkpointed by the loop
         if mesh is None:
             self.state = TrainState.create(model, make_optimizer(cfg.optimizer))
@@ -77,13 +77,13 @@ class Sft:
 
 
 def run_sft(cfg: ml_collections.ConfigDict, model, corpus, workdir: str | os.PathLike, *, tokenizer=None,
-            seed: int = 0, checkpoint_cfg: ml_collections.ConfigDict | None = None, pad_id: int = 0,
+            seed: int = 0, checkpoint_cfg: ml_collections.ConfigDict | None = None,
             train_cfg: ml_collections.ConfigDict | None = None, algorithm: type[Sft] = Sft, mesh=None):
     """Train `model` on `corpus` in the stage directory `workdir`; returns the trained model and the metric
     history. `train_cfg` (the config's `train` section) sets the non-finite policy; `mesh` (the actor role's)
     shards the parameters, optimiser state and rows (None: the model's own device)."""
     stage = StageDir(as_path(workdir), "sft")
-    sft = algorithm(cfg, model, corpus, stage, tokenizer=tokenizer, seed=seed, pad_id=pad_id, mesh=mesh)
+    sft = algorithm(cfg, model, corpus, stage, tokenizer=tokenizer, seed=seed, mesh=mesh)
     checkpoint_cfg = checkpoint_cfg or ml_collections.ConfigDict(dict(every=0, keep=1, async_save=False))
     history = run_loop(sft, stage, Cadence.from_config(checkpoint_cfg, log_every=cfg.log_every), train_cfg=train_cfg)
     return sft.policy(), history

@@ -60,7 +60,7 @@ def run_sft_pipeline(config: ml_collections.ConfigDict, workdir: str | os.PathLi
     model = setup.build_model(config.model, tokenizer.vocab_size, config.seed, mesh=mesh)
     model, history = run_sft(config.sft, model, corpus, run.stage("sft").path, tokenizer=tokenizer,
                              seed=config.seed, checkpoint_cfg=config.sft.get("checkpoint") or config.checkpoint,
-                             pad_id=tokenizer.pad_id, train_cfg=config.get("train"), mesh=mesh)
+                             train_cfg=config.get("train"), mesh=mesh)
     summary = {"final_loss": history[-1]["loss"] if history else None, "steps": config.sft.steps}
     write_text(run.sft_summary, json.dumps(summary, indent=2))
     return model, tokenizer

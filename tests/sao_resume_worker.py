@@ -1,0 +1,42 @@
+"""A tiny sync SAO run (6 train tasks, 2 a step: an epoch every 3 steps), importable and as the child process that
+tests/test_data_resume.py SIGKILLs: `python tests/sao_resume_worker.py WORKDIR STEPS` (JAX's compilation cache from
+MERCURY_TEST_XLA_CACHE, so the parent's later runs reuse the child's compiles)."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import jax  # noqa: E402
+
+from experiments.sao import get_config  # noqa: E402
+from mercury_jax.train.sao import run  # noqa: E402
+
+
+def tiny_sao_config(steps: int):
+    c = get_config("tiny")
+    c.model.overrides.num_hidden_layers = 2  # one GDN + one attention layer: every code path, faster compiles
+    c.sft.steps, c.sft.batch_rows, c.sft.log_every = 2, 4, 1
+    s = c.sao
+    s.steps, s.batch_prompts, s.critic_only_steps, s.eval_every = steps, 2, 1, 0
+    c.rollout.num_slots, c.rollout.max_total_tokens = 4, 512
+    c.rollout.max_turn_tokens, c.rollout.max_tool_turns = 32, 2
+    c.world.num_train_tasks, c.world.num_eval_tasks = 6, 2
+    c.checkpoint.every, c.checkpoint.keep = 1, 10
+    return c
+
+
+def run_tiny(workdir, steps: int):
+    return run(tiny_sao_config(steps), workdir)
+
+
+if __name__ == "__main__":
+    jax.config.update("jax_default_matmul_precision", "highest")  # as tests/conftest.py sets it for the parent
+    if os.environ.get("MERCURY_TEST_XLA_CACHE"):
+        jax.config.update("jax_compilation_cache_dir", os.environ["MERCURY_TEST_XLA_CACHE"])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    run_tiny(sys.argv[1], int(sys.argv[2]))
