@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import ml_collections
 
-from experiments import grpo, sao
+from experiments import grpo, sao, sft
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    if arg == "sft":
+        return sft_config()
     if arg not in ("sao", "grpo"):
-        raise ValueError(f"tests/multihost_config.py:{arg}: name 'sao' or 'grpo'")
+        raise ValueError(f"tests/multihost_config.py:{arg}: name 'sft', 'sao' or 'grpo'")
     c = sao.get_config("tiny") if arg == "sao" else grpo.get_config("tiny")
     # a 3-step SFT warm start (its own stage, checkpoints and resume) gives the learner non-zero gradients; GRPO
     # starts from the tiny preset (its KL term moves the weights from the second step on)
@@ -42,4 +44,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.grpo.pivot_tasks = 16
         c.grpo.steps, c.grpo.batch_states, c.grpo.group_size = 3, 2, 4
         c.checkpoint.every = 2
+    return c
+
+
+def sft_config() -> ml_collections.ConfigDict:
+    """The SFT stage alone on 8 devices, 4 of each process: an actor mesh of fsdp 4 x tensor 2, so a batch of 8 rows
+    is 4 row blocks (data shards) of 2 rows, each block on the 2 tensor devices of one process."""
+    c = sft.get_config("tiny")
+    c.sft.steps, c.sft.batch_rows, c.sft.row_length, c.sft.log_every = 3, 8, 512, 1
+    c.sft.optimizer.warmup_steps = 0
+    c.model.overrides.num_hidden_layers = 2
+    c.device_layout = "per_process"
+    c.devices = ml_collections.ConfigDict(dict(actor=8))
+    c.mesh.actor = ml_collections.ConfigDict(dict(data=1, fsdp=4, expert=1, tensor=2))
+    c.checkpoint.async_save = True
     return c

@@ -120,6 +120,28 @@ def test_sao_on_two_processes_equals_one_process(tmp_path, sao_reference):
 
 
 @pytest.mark.slow
+def test_sft_on_two_processes_reads_disjoint_shards_and_trains_on_the_same_batches(tmp_path):
+    """2 processes x 4 devices: each reads only the data shards of the row blocks its devices hold (disjoint, their
+    union every shard), places them itself, and the batches (record ids of every row) equal the 1-process run's.
+    The learner mesh has 8 devices, so the losses agree to XLA:CPU's cross-process rounding (module docstring)."""
+    reference, multi, logs = _run("sft", tmp_path)
+    read = [re.search(r"\[sft\] data: process (\d) reads shards \[([\d, ]*)\] of (\d+)",
+                      (logs / f"two-processes-p{r}.log").read_text()) for r in range(2)]
+    assert all(read), local_processes.tails(logs)
+    shards = [{int(k) for k in m.group(2).split(",")} for m in read]
+    assert shards[0].isdisjoint(shards[1]) and shards[0] | shards[1] == set(range(int(read[0].group(3)))) and all(
+        shards), shards
+    rows_one, rows_two = _records(reference / "sft" / "batches.jsonl"), _records(multi / "sft" / "batches.jsonl")
+    assert rows_two == rows_one and len(rows_one) == 3
+    for k in range(4):  # block k (rows 2k, 2k + 1) of every batch holds only records of shard k: k mod 4
+        assert all(r % 4 == k for step in rows_one for row in step["rows"][2 * k:2 * k + 2] for r in row)
+    one, two = _records(reference / "sft" / "sft_metrics.jsonl"), _records(multi / "sft" / "sft_metrics.jsonl")
+    assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in one], rel=1e-5)
+    assert {p.name for p in (multi / "sft" / "checkpoints" / "3" / "data").iterdir()} >= {
+        "process_0-of-2.json", "process_1-of-2.json"}  # each process saved its own shards' position
+
+
+@pytest.mark.slow
 def test_grpo_on_two_processes_equals_one_process(tmp_path):
     reference, multi, logs = _run("grpo", tmp_path)
     _assert_same_run(reference, multi, "grpo", logs, starts=1)

@@ -46,6 +46,8 @@ class SftData:
                             workers=setting(cfg, "data_workers"), skip_bad=setting(cfg, "skip_bad_records"),
                             pad_id=pad_id)
         self.stream = RowStream(lambda k: shard_rows(corpus, tokenizer, self.spec, k), sorted(mine))
+        print(f"[sft] data: process {jax.process_index()} reads shards {sorted(mine)} of {shards} "
+              f"({self.spec.rows_per_shard} rows each a step, {len(corpus)} records in all)", flush=True)
 
     def next(self) -> dict[int, dict]:
         """This process's shards' rows of the next step."""
