@@ -57,10 +57,10 @@ def measure(corpus, tokenizer, spec: RowSpec, rows: int) -> dict:
 def run(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", default="0,1,2")
-    parser.add_argument("--rows", type=int, default=12, help="rows timed after the first, per worker count")
+    parser.add_argument("--rows", type=int, default=24, help="rows timed after the first, per worker count")
     parser.add_argument("--row-length", type=int, default=131072)
     parser.add_argument("--records", type=int, default=256)
-    parser.add_argument("--words", type=int, default=12000, help="mean words a chat (~1.6 tokens a word)")
+    parser.add_argument("--words", type=int, default=8000, help="mean words a chat (~2.5 tokens a word)")
     parser.add_argument("--preset", default="qwen3.5-35b-a3b")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)

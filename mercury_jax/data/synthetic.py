@@ -19,8 +19,22 @@ TOOLS = [{"type": "function", "function": {
     for name in ("search_records", "update_record", "send_message")]
 
 
+SYLLABLES = "ka ro mi tel van sor qu ing ex pre lat dun hor bel cis nov ul zeph ard mon tri pas gel fu".split()
+
+
+def _word(rng: np.random.Generator) -> str:
+    """A dictionary word (60%), a number (15%) or an invented word of 2-4 syllables (25%): text a BPE tokenizer
+    cannot take in one merge a word, closer to real chats than a 25-word vocabulary."""
+    pick = rng.random()
+    if pick < 0.6:
+        return str(rng.choice(WORDS))
+    if pick < 0.75:
+        return str(int(rng.integers(0, 100000)))
+    return "".join(rng.choice(SYLLABLES, size=int(rng.integers(2, 5))))
+
+
 def _text(rng: np.random.Generator, words: int) -> str:
-    return " ".join(rng.choice(WORDS, size=max(int(words), 1)))
+    return " ".join(_word(rng) for _ in range(max(int(words), 1)))
 
 
 def synthetic_chat(rng: np.random.Generator, words: int = 200, turns: int = 3) -> dict:
