@@ -1,5 +1,5 @@
-"""The training wing's shape rules, held by the code itself: no function or constructor in mercury_jax/rollout or
-mercury_jax/train takes more than 10 parameters or runs longer than 60 lines (settings travel as dataclasses,
+"""The training wing's shape rules, held by the code itself: no function or constructor in mercury_jax/rollout,
+mercury_jax/train or mercury_jax/data takes more than 10 parameters or runs longer than 60 lines (settings travel as dataclasses,
 `rollout/settings.py`); config defaults live in one table (`train/config_defaults.py`), whose every name is a field
 some experiment config spells out; and every registered pipeline has its experiment file and module."""
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _params(node) -> int:
     return count - (bool(args.args) and args.args[0].arg in ("self", "cls"))
 
 
-@pytest.mark.parametrize("folder", ["mercury_jax/rollout", "mercury_jax/train"])
+@pytest.mark.parametrize("folder", ["mercury_jax/rollout", "mercury_jax/train", "mercury_jax/data"])
 def test_functions_are_small(folder):
     too_big = [f"{path}:{node.lineno} {node.name} ({_params(node)} parameters, "
                f"{node.end_lineno - node.lineno + 1} lines)" for path, node in _functions(folder)

@@ -21,6 +21,7 @@ import numpy as np
 from absl import flags
 
 from mercury_jax.data.chat_records import BadRecord, record_sequence
+from mercury_jax.data.seeds import derived_seed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,18 +79,13 @@ def stack_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "bad": sum(r["bad"] for r in rows)}
 
 
-def shard_seed(seed: int, shard: int) -> int:
-    """Shard `shard`'s shuffle seed: independent orders per shard, reproducible from the run's seed."""
-    return int(np.random.SeedSequence([seed, shard]).generate_state(1)[0])
-
-
 def shard_rows(corpus, tokenizer, spec: RowSpec, shard: int) -> grain.IterDataset:
     """Shard `shard`'s endless stream of steps: each element is `stack_rows` of `spec.rows_per_shard` rows."""
     if len(corpus) < spec.shards:
         raise ValueError(f"the SFT corpus holds {len(corpus)} records, fewer than its {spec.shards} data shards "
                          f"(one per row block of the learner mesh); give more records or fewer learner row blocks")
     records = grain.MapDataset.source(corpus).slice(slice(shard, None, spec.shards))
-    records = records.shuffle(seed=shard_seed(spec.seed, shard)).repeat().map(Render(tokenizer, spec))
+    records = records.shuffle(seed=derived_seed(spec.seed, shard)).repeat().map(Render(tokenizer, spec))
     length = {"tokens": spec.row_length, "loss_mask": spec.row_length}
     rows = grain.experimental.FirstFitPackIterDataset(
         records.to_iter_dataset(), length_struct=length, num_packing_bins=spec.packing_bins, shuffle_bins=False,

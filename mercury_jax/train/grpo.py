@@ -24,10 +24,12 @@ import json
 import os
 import time
 
+import grain
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from mercury_jax.data.seeds import derived_seed
 from mercury_jax.data.task_order import TaskOrder
 from mercury_jax.envs.browse.stop_verifier import STOP_RULES
 from mercury_jax.envs.prefix_episode import PrefixEpisode
@@ -289,11 +291,11 @@ def update_actor(actor: TrainState, actor_step, host_batch: dict, mesh, cfg: ml_
 
 
 def minibatch_rows(rows: int, minibatches: int, seed: int, step: int, epoch: int) -> list[np.ndarray]:
-    """Row indices of each minibatch of one epoch: one block when `minibatches` is 1, else a seeded permutation
-    split into equal parts (whole rows: the seq-mean aggregations stay exact per minibatch)."""
+    """Row indices of each minibatch of one epoch: one block when `minibatches` is 1, else grain's seeded shuffle of
+    the rows split into equal parts (whole rows: the seq-mean aggregations stay exact per minibatch)."""
     if minibatches == 1:
         return [np.arange(rows)]
-    order = np.random.default_rng([seed, step, epoch]).permutation(rows)
+    order = np.fromiter(grain.MapDataset.range(rows).shuffle(seed=derived_seed(seed, step, epoch)), np.int64)
     return np.split(order, minibatches)
 
 
