@@ -1,7 +1,8 @@
 """The training wing's shape rules, held by the code itself: no function or constructor in mercury_jax/rollout,
-mercury_jax/train or mercury_jax/data takes more than 10 parameters or runs longer than 60 lines (settings travel as dataclasses,
-`rollout/settings.py`); config defaults live in one table (`train/config_defaults.py`), whose every name is a field
-some experiment config spells out; and every registered pipeline has its experiment file and module."""
+mercury_jax/train or mercury_jax/data takes more than 10 parameters or runs longer than 60 lines (settings travel
+as dataclasses, `rollout/settings.py`); config defaults live in one table (`train/config_defaults.py`), whose
+every name is a field some experiment config spells out; and every registered pipeline has its experiment file
+and module."""
 from __future__ import annotations
 
 import ast

@@ -375,6 +375,23 @@ def test_resume_with_a_different_shape_or_data_config_is_refused_naming_the_fiel
     assert check_run_config(tmp_path / "new", changed) == {}  # a fresh workdir has nothing to match
 
 
+def test_a_run_from_before_the_data_fields_resumes_and_a_changed_corpus_is_refused(tmp_path):
+    """A config.json written before `sft.data` / `packing_bins` / `data_workers` existed matches a config holding
+    their defaults; another corpus or packing changes the SFT data order, so it is refused by name."""
+    from experiments.sao import get_config
+
+    older = get_config("tiny")
+    for field in ("data", "packing_bins", "data_workers", "skip_bad_records"):
+        del older.sft[field]
+    save_run_config(older, tmp_path)
+    assert check_run_config(tmp_path, get_config("tiny")) == {}
+    other_corpus = get_config("tiny")
+    other_corpus.sft.data, other_corpus.sft.packing_bins = "gs://bucket/chats/*.jsonl", 4
+    with pytest.raises(ResumeError, match=r"sft.data: '' in the workdir's run, 'gs://bucket/chats/\*.jsonl' now; "
+                                          r"sft.packing_bins: 8 in the workdir's run, 4 now"):
+        check_run_config(tmp_path, other_corpus)
+
+
 def test_main_refuses_a_mismatched_resume_before_any_work(tmp_path):
     from experiments.sft import get_config
 

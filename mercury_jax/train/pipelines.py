@@ -21,7 +21,7 @@ from types import ModuleType
 # change the parameters' shapes, the tokenizer, the tasks, or which data each step sees. Anything else (steps,
 # learning rates, cadences, devices, budgets) may change on a resume.
 COMMON_RESUME_FIELDS = ("pipeline", "seed", "model", "tokenizer", "world", "sft.enabled", "sft.row_length",
-                        "sft.batch_rows")
+                        "sft.batch_rows", "sft.data", "sft.packing_bins", "sft.data_workers")
 RL_SECTIONS = ("seed", "model", "tokenizer", "world", "sft", "rollout", "checkpoint", "devices")
 
 

@@ -17,6 +17,7 @@ import json
 import os
 import warnings
 
+from mercury_jax.train.config_defaults import DEFAULTS
 from mercury_jax.train.pipelines import COMMON_RESUME_FIELDS, PIPELINES
 from mercury_jax.train.rundir import RunDir, as_path, write_atomically
 
@@ -75,15 +76,16 @@ def truncate_jsonl(path: str | os.PathLike, last_step: int) -> list[dict]:
 
 def differing_fields(saved: dict, current: dict, fields: tuple[str, ...] | None = None) -> dict:
     """{dotted field: (saved value, current value)} for every leaf under `fields` that differs (a field only one
-    side has counts as differing, a field neither has does not). `fields`: the resume fields of both configs'
-    pipelines by default."""
+    side has counts as differing unless the other's value is its default in `config_defaults.DEFAULTS`, a field
+    neither has does not). `fields`: the resume fields of both configs' pipelines by default."""
     if fields is None:
         fields = resume_fields(str(saved.get("pipeline")), str(current.get("pipeline")))
     saved_flat, current_flat = _flatten(saved), _flatten(current)
     out = {}
     for key in sorted(set(saved_flat) | set(current_flat)):
         if any(key == f or key.startswith(f + ".") for f in fields):
-            before, after = saved_flat.get(key, "<absent>"), current_flat.get(key, "<absent>")
+            absent = DEFAULTS.get(key.rsplit(".", 1)[-1], "<absent>")  # an older config lacks a defaulted field
+            before, after = saved_flat.get(key, absent), current_flat.get(key, absent)
             if before != after:
                 out[key] = (before, after)
     return out
