@@ -151,3 +151,12 @@ def test_the_tiny_models_overrides_are_checked_by_the_model_table(field, value, 
 def test_an_unknown_preset_is_refused():
     with pytest.raises(ConfigError, match=r"^model.preset is 'huge'; use one of \["):
         validate_config(_with(sft.get_config("tiny"), "model.preset", "huge"))
+
+
+def test_an_sft_corpus_that_names_no_file_is_refused_before_any_work(tmp_path):
+    c = sft.get_config("tiny")
+    c.sft.data = str(tmp_path / "chats-*.jsonl")
+    with pytest.raises(ConfigError, match=r"^sft.data '.*chats-\*.jsonl' names no file; give JSONL or ArrayRecord"):
+        validate_config(c)
+    (tmp_path / "chats-0.jsonl").write_text("{}\n")
+    validate_config(c)

@@ -13,6 +13,7 @@ from pathlib import Path
 import jax
 import ml_collections
 
+from mercury_jax.data.corpus import corpus_files
 from mercury_jax.parallel import MESH_AXES
 from mercury_jax.train.config_defaults import setting
 from mercury_jax.train.config_ranges import field_problem
@@ -58,6 +59,11 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
                               f"of the actor mesh; change sft.batch_rows or mesh.actor / devices.actor")
         check_micro_batches("sft.micro_batches", setting(config.sft, "micro_batches"), config.sft.batch_rows, shards,
                              "sft.batch_rows", "actor")
+        if setting(config.sft, "data"):
+            try:
+                corpus_files(config.sft.data)
+            except FileNotFoundError as error:
+                raise ConfigError(str(error)) from None
     if "train" in config:
         try:
             NonFiniteGuard.from_config(config.train, name=pipeline)
