@@ -5,9 +5,11 @@ the corpus as their union, and a stream restored from its saved state going on w
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
+from local_buckets import LocalBuckets, serve_buckets
 
 from mercury_jax.chat import qwen35_tokenizer
 from mercury_jax.data.chat_records import BadRecord, parse_record, record_tokens
@@ -197,3 +199,17 @@ def test_task_order_reads_positions_lazily_and_reshuffles_each_epoch():
     assert len(window) == 8 and reads == [] and order.consumed == 4
     assert window[5]["task_id"] == first[2] and reads and len(reads) == 1  # one task read, the rest not
     assert [t["task_id"] for t in window][::2] == first[:4]
+
+
+def test_a_gs_corpus_is_read_through_epath(tmp_path_factory):
+    """`gs://` globs list and read through the same epath code as a real bucket (tests/local_buckets.py)."""
+    if not LocalBuckets.root:
+        serve_buckets(tmp_path_factory.mktemp("buckets"))
+    folder = Path(LocalBuckets.root) / "corpus-bucket" / "sft"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("b.jsonl", "a.jsonl"):
+        (folder / name).write_text(json.dumps(CHAT) + "\n" + json.dumps({**CHAT, "id": name}) + "\n")
+    corpus = chat_corpus("gs://corpus-bucket/sft/*.jsonl")
+    assert corpus.files == ["gs://corpus-bucket/sft/a.jsonl", "gs://corpus-bucket/sft/b.jsonl"]
+    index, raw, where = corpus[3]
+    assert json.loads(raw)["id"] == "b.jsonl" and where == "gs://corpus-bucket/sft/b.jsonl:2"
