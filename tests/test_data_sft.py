@@ -213,3 +213,13 @@ def test_a_gs_corpus_is_read_through_epath(tmp_path_factory):
     assert corpus.files == ["gs://corpus-bucket/sft/a.jsonl", "gs://corpus-bucket/sft/b.jsonl"]
     index, raw, where = corpus[3]
     assert json.loads(raw)["id"] == "b.jsonl" and where == "gs://corpus-bucket/sft/b.jsonl:2"
+
+
+def test_a_bad_record_met_in_a_grain_worker_reaches_the_trainer_named(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps(CHAT) + "\n" + '{"messages": "oops"}\n')
+    spec = RowSpec(row_length=4096, rows_per_shard=1, shards=1, seed=0, packing_bins=1, workers=1)
+    with pytest.raises(BadRecord, match=rf"SFT record 1 \({path}:2\): 'messages' is missing or not a non-empty list"):
+        iterator = iter(shard_rows(chat_corpus(str(path)), qwen35_tokenizer(), spec, 0))
+        for _ in range(3):
+            next(iterator)
