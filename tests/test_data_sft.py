@@ -223,3 +223,14 @@ def test_a_bad_record_met_in_a_grain_worker_reaches_the_trainer_named(tmp_path):
         iterator = iter(shard_rows(chat_corpus(str(path)), qwen35_tokenizer(), spec, 0))
         for _ in range(3):
             next(iterator)
+
+
+def test_a_jsonl_corpus_converts_to_array_record_record_for_record(tmp_path):
+    from mercury_jax.data.to_array_record import convert
+    write_corpus(tmp_path / "c.jsonl", 7, words=10)
+    files = convert(str(tmp_path / "c.jsonl"), str(tmp_path / "ar"), records_per_file=3)
+    assert [Path(f).name for f in files] == ["part-00000.array_record", "part-00001.array_record",
+                                             "part-00002.array_record"]
+    jsonl, converted = chat_corpus(str(tmp_path / "c.jsonl")), chat_corpus(str(tmp_path / "ar"))
+    assert len(converted) == 7
+    assert all(json.loads(jsonl[i][1]) == json.loads(converted[i][1]) for i in range(7))
