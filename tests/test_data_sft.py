@@ -121,7 +121,7 @@ def test_shards_are_disjoint_and_cover_the_corpus_and_every_epoch_reshuffles():
     assert sorted(r for records in seen.values() for r in records[:8]) == list(range(24))
 
 
-@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("workers", [0, pytest.param(1, marks=pytest.mark.slow)])  # a worker starts in ~10 s
 def test_a_restored_stream_goes_on_with_the_same_rows(tmp_path, workers):
     """In this process and in a grain worker process (whose state holds the worker's position)."""
     write_corpus(tmp_path / "c.jsonl", 40, words=30)
@@ -215,6 +215,7 @@ def test_a_gs_corpus_is_read_through_epath(tmp_path_factory):
     assert json.loads(raw)["id"] == "b.jsonl" and where == "gs://corpus-bucket/sft/b.jsonl:2"
 
 
+@pytest.mark.slow
 def test_a_bad_record_met_in_a_grain_worker_reaches_the_trainer_named(tmp_path):
     path = tmp_path / "c.jsonl"
     path.write_text(json.dumps(CHAT) + "\n" + '{"messages": "oops"}\n')
