@@ -21,7 +21,7 @@ from mercury_jax.parallel.distributed import all_gather_objects
 from mercury_jax.train.config_defaults import setting
 from mercury_jax.train.placement import ROW_AXES
 
-ARRAY_KEYS = ("tokens", "loss_mask", "segment_ids")
+ARRAY_KEYS = {"tokens": np.int32, "loss_mask": np.float32, "segment_ids": np.int32}  # a row's arrays
 
 
 def row_blocks(mesh, shape: tuple[int, int]) -> tuple[int, set[int]]:
@@ -59,9 +59,12 @@ class SftData:
             return {key: jnp.asarray(local[0][key]) for key in ARRAY_KEYS}
         sharding = NamedSharding(self.mesh, PartitionSpec(ROW_AXES))
         block = self.spec.rows_per_shard
+        # dtype given: a process that holds none of the mesh's devices (the consecutive layout's rollout hosts) reads
+        # no shard and calls no callback
         return {key: jax.make_array_from_callback(self.shape, sharding,
-                                                  lambda index, key=key: local[(index[0].start or 0) // block][key])
-                for key in ARRAY_KEYS}
+                                                  lambda index, key=key: local[(index[0].start or 0) // block][key],
+                                                  dtype=dtype)
+                for key, dtype in ARRAY_KEYS.items()}
 
     def summary(self, local: dict[int, dict]) -> dict:
         """Every shard's part of the step, gathered from every process: `rows` (the record ids in each row of the
