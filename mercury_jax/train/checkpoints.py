@@ -92,6 +92,7 @@ class Checkpointer:
         self._closed = False
         self._in_flight: int | None = None  # the step whose (async) save has started and not been checked
         self._failure: CheckpointSaveError | None = None
+        self.data_restored = False  # whether the last restore set a data stream's position
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -128,6 +129,7 @@ class Checkpointer:
         (a data iterator) set to the step's saved position when the step holds one (`data_state_of`)."""
         data_args = {} if data is None or not self.data_state_of(step) else {
             "data": grain.checkpoint.CheckpointRestore(data)}
+        self.data_restored = bool(data_args)  # read by the loop's resume line
         if self.host_copies:
             # read as host arrays, whatever devices saved them (a checkpoint of another layout restores too)
             as_host = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), abstract_arrays)

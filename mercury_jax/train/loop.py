@@ -127,7 +127,8 @@ def _restore(algorithm: Algorithm, checkpointer, cadence: Cadence, rollouts) -> 
         start, version = meta["step"], meta.get("version", 0)
         if rollouts is not None:
             rollouts.publish(algorithm.policy(), version)
-        print(f"[{algorithm.stage}] resumed from step {start} ({_describe(meta)})", flush=True)
+        data_restored = getattr(checkpointer, "data_restored", False)
+        print(f"[{algorithm.stage}] resumed from step {start} ({_describe(meta, data_restored)})", flush=True)
     elif cadence.save_initial:
         _save(checkpointer, algorithm, 0, version, rollouts)
     return start, version
@@ -186,9 +187,11 @@ def _meta(algorithm: Algorithm, step: int, version: int, rollouts) -> dict:
     return {**meta, **algorithm.meta()}
 
 
-def _describe(meta: dict) -> str:
+def _describe(meta: dict, data_restored: bool = False) -> str:
     def short(value):  # a section (the async batch state) by its scalars and the sizes of its lists
         if not isinstance(value, dict):
             return value
         return "(" + ", ".join(f"{k} {len(v) if isinstance(v, (list, dict)) else v}" for k, v in value.items()) + ")"
-    return ", ".join(f"{k} {short(v)}" for k, v in meta.items() if k != "step") or "no data-order state"
+    parts = [f"{k} {short(v)}" for k, v in meta.items() if k != "step"]
+    parts += ["the data stream's position"] if data_restored else []
+    return ", ".join(parts) or "no data-order state"
