@@ -37,6 +37,17 @@ def persistent_compilation_cache(tmp_path_factory):
     compilation_cache.reset_cache()
 
 
+@pytest.fixture(scope="session")
+def buckets(tmp_path_factory):
+    """The local folder that `gs://` URIs read from in this test process (tests/local_buckets.py), one per process:
+    every test module that reads gs:// shares it."""
+    from local_buckets import serve_buckets
+
+    root = tmp_path_factory.mktemp("buckets")
+    serve_buckets(root)
+    return root
+
+
 # The longest test modules, longest first (`pytest --durations=0` on 2 CPU cores). The two workers take modules in
 # collection order (`--dist loadfile --no-loadscope-reorder` in pyproject.toml), so these start first and the short
 # ones fill in behind them; xdist's own order (most tests first) left the multi-process runs (~6 min, 2 tests) alone

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from local_buckets import LocalBuckets, serve_buckets
 
 from mercury_jax.chat import qwen35_tokenizer
 from mercury_jax.data.chat_records import BadRecord, parse_record, record_tokens
@@ -201,11 +200,9 @@ def test_task_order_reads_positions_lazily_and_reshuffles_each_epoch():
     assert [t["task_id"] for t in window][::2] == first[:4]
 
 
-def test_a_gs_corpus_is_read_through_epath(tmp_path_factory):
+def test_a_gs_corpus_is_read_through_epath(buckets):
     """`gs://` globs list and read through the same epath code as a real bucket (tests/local_buckets.py)."""
-    if not LocalBuckets.root:
-        serve_buckets(tmp_path_factory.mktemp("buckets"))
-    folder = Path(LocalBuckets.root) / "corpus-bucket" / "sft"
+    folder = buckets / "corpus-bucket" / "sft"
     folder.mkdir(parents=True, exist_ok=True)
     for name in ("b.jsonl", "a.jsonl"):
         (folder / name).write_text(json.dumps(CHAT) + "\n" + json.dumps({**CHAT, "id": name}) + "\n")

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from local_buckets import serve_buckets
 
 from mercury_jax.evaluation import (
     EpisodeOutcomes,
@@ -402,14 +401,6 @@ class OracleEngine:
                 policy_versions=[self.policy_version] * len(tokens))
         self.queue = []
         return False
-
-
-@pytest.fixture(scope="session")
-def buckets(tmp_path_factory) -> Path:
-    """The local folder that `gs://` URIs read from in this test process (`local_buckets.py`)."""
-    root = tmp_path_factory.mktemp("buckets")
-    serve_buckets(root)
-    return root
 
 
 @pytest.mark.parametrize("location", ["path", "gs"])
