@@ -37,6 +37,8 @@ DEFAULT_RULES: Mapping[str, str | tuple[str, ...] | None] = {
     "activation_batch": ("data", "fsdp", "expert"),
     "activation_length": None,
     "activation_embed": None,
+    # a decode cache's sequence dim where its K/V split by position (models/qwen35_moe/split_kv_attention.py)
+    "kv_sequence": "tensor",
 }
 BATCH_LENGTH_EMBED = ("activation_batch", "activation_length", "activation_embed")
 

@@ -4,13 +4,16 @@ A replica is one engine over a mesh of `replica_shape` (axes of `parallel.MESH_A
 their logical names (heads / hidden units over tensor, experts over expert, the embedding's hidden dim over fsdp),
 and its decode state (`Sampler.init_state`) is sharded with them:
 
-    cache K/V            [B, S, Nkv, D]     slots over (data, fsdp, expert), kv heads over tensor
+    cache K/V            [B, S, Nkv, D]     slots over (data, fsdp, expert), kv heads over tensor; where the kv
+                                            heads do not divide tensor, positions over tensor instead
     GDN conv windows     [B, W-1, H, D]     slots over (data, fsdp, expert), heads over tensor
     GDN state            [B, Hv, Dk, Dv]    slots over (data, fsdp, expert), value heads over tensor
     per-slot fields      [B, ...]           slots over (data, fsdp, expert)
 
 (leaves under cache["blocks"] carry a leading, unsplit layers axis). A dim the axes do not divide stays whole, as
-for parameters (`parallel.logical_partition_spec`): the 35B-A3B model's 2 kv heads stay whole on tensor=4.
+for parameters (`parallel.logical_partition_spec`). The 35B-A3B model's 2 kv heads do not divide tensor=4, so its
+K/V split by position (each chip holds a quarter of every slot's sequence) and the cached attention combines the
+chips' partial softmaxes (models/qwen35_moe/split_kv_attention.py).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from mercury_jax.parallel import logical_partition_spec, make_mesh, param_shardings
+from models.qwen35_moe.split_kv_attention import kv_cache_axes
 
 SLOTS = "activation_batch"  # the slot dim shards like the rows of a batch: over (data, fsdp, expert)
 CACHE_AXES: Mapping[str, tuple] = {
@@ -35,11 +39,14 @@ CACHE_AXES: Mapping[str, tuple] = {
 }
 
 
-def state_logical_axes(path, leaf) -> tuple:
-    """The logical dim names of a leaf of the sampler state (cache leaves by their key, the rest by slot)."""
+def state_logical_axes(path, leaf, mesh: Mesh | None = None) -> tuple:
+    """The logical dim names of a leaf of the sampler state (cache leaves by their key, the rest by slot); K/V
+    leaves by sequence where their heads do not divide `mesh`'s tensor axis (`kv_cache_axes`)."""
     keys = [getattr(p, "key", None) for p in path]
     if keys and keys[0] == "cache" and keys[-1] in CACHE_AXES:
         axes = CACHE_AXES[keys[-1]]
+        if keys[-1] in ("k", "v"):
+            axes = kv_cache_axes(leaf.shape[-2], leaf.shape[-3], mesh)
         return ("layers", *axes) if "blocks" in keys else axes
     return (SLOTS,) + (None,) * (leaf.ndim - 1)
 
@@ -47,16 +54,17 @@ def state_logical_axes(path, leaf) -> tuple:
 def state_shardings(state, mesh: Mesh):
     """A NamedSharding per leaf of the sampler state (arrays or ShapeDtypeStructs) on `mesh`."""
     return jax.tree_util.tree_map_with_path(
-        lambda path, leaf: NamedSharding(mesh, logical_partition_spec(state_logical_axes(path, leaf), leaf.shape,
-                                                                      mesh)), state)
+        lambda path, leaf: NamedSharding(mesh, logical_partition_spec(state_logical_axes(path, leaf, mesh),
+                                                                      leaf.shape, mesh)), state)
 
 
 def row_shardings(row, mesh: Mesh):
-    """The layout of a 1-row cache taken out of the state's cache: heads split as in the cache, the row whole."""
+    """The layout of a 1-row cache taken out of the state's cache: heads (or K/V positions) split as in the cache,
+    the row whole."""
     return jax.tree_util.tree_map_with_path(
         lambda path, leaf: NamedSharding(mesh, logical_partition_spec(
             tuple(None if a == SLOTS else a for a in state_logical_axes((jax.tree_util.DictKey("cache"), *path),
-                                                                        leaf)), leaf.shape, mesh)), row)
+                                                                        leaf, mesh)), leaf.shape, mesh)), row)
 
 
 def rollout_dtype(leaf_dtype, dtype=None):

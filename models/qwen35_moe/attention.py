@@ -4,7 +4,9 @@ q_proj emits per head [query(D) | gate(D)]; query and key get the zero-centred R
 first `rotary_dim` dims. Query head h reads KV head h // (Nq / Nkv).
     o = softmax(q k^T * D^-0.5 + mask) v;   out = (o * sigmoid(gate)) @ o_proj
 The mask is causal, and with `segment_ids` also block-diagonal (packed documents never see each other).
-With a cache, new keys/values are written at each row's next positions and queries attend to the whole cache.
+With a cache, new keys/values are written at each row's next positions and queries attend to the whole cache; on
+a mesh whose tensor axis the KV heads do not divide, the cache is split by sequence over that axis and the softmax
+is combined across chips (`split_kv_attention.py`).
 Without one (full forwards), `config.attention_impl` picks how the softmax is computed: "dense" builds the
 [B, K, G, T, S] scores, "blockwise" an online softmax over key blocks (`blockwise_attention.py`), "splash" the
 Pallas TPU kernel (`splash_attention.py`). The cached path is always dense (its scores are [T, cache length]).
@@ -15,13 +17,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mercury_jax.parallel import constrain
+from mercury_jax.parallel import constrain, partitioned_mesh
 from models.qwen35_moe.blockwise_attention import blockwise_attention
 from models.qwen35_moe.config import ATTENTION_IMPLS, Qwen35MoeConfig
 from models.qwen35_moe.norms import RMSNorm
 from models.qwen35_moe.params import cast, make_param, normal_init
 from models.qwen35_moe.rope import apply_rope, rope_cos_sin
 from models.qwen35_moe.splash_attention import splash_self_attention
+from models.qwen35_moe.split_kv_attention import kv_split_axis, split_kv_cached_attention
 
 _MASKED = -1e30
 QUERY_HEADS = ("activation_batch", "activation_length", "heads", "head_dim")
@@ -67,18 +70,34 @@ class Attention(nnx.Module):
             write_index_BxT = cache_start_B[:, None] + jnp.arange(T)[None, :]
             if valid_BxT is not None:
                 write_index_BxT = jnp.where(valid_BxT, write_index_BxT, S)  # out of range: dropped below
-            rows_BxT = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
-            keys_BxSxKxD = cache["k"].at[rows_BxT, write_index_BxT].set(key_BxTxKxD.astype(cache["k"].dtype),
-                                                                        mode="drop")
-            values_BxSxKxD = cache["v"].at[rows_BxT, write_index_BxT].set(value_BxTxKxD.astype(cache["v"].dtype),
-                                                                          mode="drop")
-            new_cache = {"k": keys_BxSxKxD, "v": values_BxSxKxD}
             q_index_BxT = cache_start_B[:, None] + jnp.arange(T)[None, :]
-            visible_BxTxS = jnp.arange(S)[None, None, :] <= q_index_BxT[:, :, None]
-            keys_BxSxKxD, values_BxSxKxD = keys_BxSxKxD.astype(dt), values_BxSxKxD.astype(dt)
-            out_BxTxNxD = grouped_attention(query_BxTxNxD, keys_BxSxKxD, values_BxSxKxD, visible_BxTxS)
+            mesh = partitioned_mesh()
+            if kv_split_axis(cfg.num_key_value_heads, S, mesh):
+                out_BxTxNxD, new_cache = split_kv_cached_attention(query_BxTxNxD, key_BxTxKxD, value_BxTxKxD,
+                                                                   cache, write_index_BxT, q_index_BxT, mesh)
+                out_BxTxNxD = constrain(out_BxTxNxD, QUERY_HEADS)
+            else:
+                out_BxTxNxD, new_cache = whole_kv_cached_attention(query_BxTxNxD, key_BxTxKxD, value_BxTxKxD,
+                                                                   cache, write_index_BxT, q_index_BxT)
         out_BxTxNxD = out_BxTxNxD * jax.nn.sigmoid(gate_BxTxNxD)
         return jnp.einsum("btnd,ndh->bth", out_BxTxNxD, cast(self.o_proj, dt)), new_cache
+
+
+def whole_kv_cached_attention(query_BxTxNxD: jax.Array, key_BxTxKxD: jax.Array, value_BxTxKxD: jax.Array,
+                              cache: dict, write_index_BxT: jax.Array,
+                              query_index_BxT: jax.Array) -> tuple[jax.Array, dict]:
+    """(output [B, T, N, D], the cache with the new K/V written at `write_index_BxT`, positions >= S dropped):
+    queries at `query_index_BxT` attend to every cache position <= their own."""
+    B, T = query_BxTxNxD.shape[:2]
+    S = cache["k"].shape[1]
+    rows_BxT = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
+    keys_BxSxKxD = cache["k"].at[rows_BxT, write_index_BxT].set(key_BxTxKxD.astype(cache["k"].dtype), mode="drop")
+    values_BxSxKxD = cache["v"].at[rows_BxT, write_index_BxT].set(value_BxTxKxD.astype(cache["v"].dtype),
+                                                                  mode="drop")
+    visible_BxTxS = jnp.arange(S)[None, None, :] <= query_index_BxT[:, :, None]
+    dt = query_BxTxNxD.dtype
+    out_BxTxNxD = grouped_attention(query_BxTxNxD, keys_BxSxKxD.astype(dt), values_BxSxKxD.astype(dt), visible_BxTxS)
+    return out_BxTxNxD, {"k": keys_BxSxKxD, "v": values_BxSxKxD}
 
 
 def self_attention(query_BxTxNxD: jax.Array, key_BxTxKxD: jax.Array, value_BxTxKxD: jax.Array,

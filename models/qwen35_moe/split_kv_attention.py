@@ -1,0 +1,115 @@
+"""Cached attention with the K/V cache split by sequence over the tensor axis (flash-decoding across chips).
+
+When a replica's tensor axis has more devices than the model has KV heads (35B-A3B: 2 KV heads, tensor=4), the
+cache cannot split by head, and every chip would hold and read every slot's whole K/V. Instead the cache's
+sequence dim is split over tensor: chip c of t holds positions [c S/t, (c+1) S/t) of every KV head. Each chip
+
+    writes the new keys/values whose positions fall in its span (a scatter of T rows; the others drop them),
+    computes, for every query head over its own span s_c:
+        m_c = max_j s_cj,   l_c = sum_j exp(s_cj - m_c),   o_c = sum_j exp(s_cj - m_c) v_j
+    with s_cj = q k_j^T / sqrt(D) over the visible positions j of the span (none visible: m_c = -inf, l_c = o_c = 0),
+and the spans combine exactly as one softmax over the whole row:
+        m = max_c m_c,   l = sum_c exp(m_c - m) l_c,   o = sum_c exp(m_c - m) o_c / l
+(`pmax`, then `psum` of l and a reduce-scatter of o over the query heads when they divide the axis, else `psum`).
+The whole query (every head) goes to every chip: [B, T, N, D], small next to the cache. Each chip reads S/t of
+the cache per step instead of S, and holds S/t of it.
+
+Equal to the unsplit `attention.grouped_attention` path up to the order of the sum over positions (fp32: ~1e-7
+relative). Rows are split over the mesh's row axes as the cache's slots are; the function runs under `shard_map`.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec
+
+from mercury_jax.parallel import logical_partition_spec
+
+SPLIT_AXIS = "tensor"
+ROWS = "activation_batch"
+KV_SEQUENCE = "kv_sequence"  # the logical name of a cache's sequence dim when split (`parallel.DEFAULT_RULES`)
+
+
+def kv_split_axis(num_kv_heads: int, cache_length: int, mesh: Mesh | None) -> str | None:
+    """"tensor" when a K/V cache of `num_kv_heads` heads and `cache_length` positions is split by sequence on
+    `mesh`: its tensor axis has more than one device, the KV heads do not divide it and the length does; else
+    None (the cache splits by head, or not at all)."""
+    if mesh is None or mesh.empty:
+        return None
+    t = dict(mesh.shape).get(SPLIT_AXIS, 1)
+    if t <= 1 or num_kv_heads % t == 0 or cache_length % t:
+        return None
+    return SPLIT_AXIS
+
+
+def kv_cache_axes(num_kv_heads: int, cache_length: int, mesh: Mesh | None) -> tuple:
+    """The logical dim names of a [B, S, Nkv, D] K/V cache leaf on `mesh`: by sequence (`kv_split_axis`) or by
+    head."""
+    if kv_split_axis(num_kv_heads, cache_length, mesh):
+        return (ROWS, KV_SEQUENCE, None, "head_dim")
+    return (ROWS, None, "kv_heads", "head_dim")
+
+
+def split_kv_cached_attention(query_BxTxNxD: jax.Array, key_BxTxKxD: jax.Array, value_BxTxKxD: jax.Array,
+                              cache: dict, write_index_BxT: jax.Array, query_index_BxT: jax.Array,
+                              mesh: Mesh) -> tuple[jax.Array, dict]:
+    """(attention output [B, T, N, D] in the query dtype, the cache with the new K/V written) for queries at
+    positions `query_index_BxT` attending causally to every cache position <= their own, the new keys/values
+    written at `write_index_BxT` (positions >= S are dropped), the cache {"k", "v": [B, S, K, D]} split by
+    sequence over `mesh`'s tensor axis."""
+    B, T, N, D = query_BxTxNxD.shape
+    S, K = cache["k"].shape[1], cache["k"].shape[2]
+    axis = kv_split_axis(K, S, mesh)
+    if axis is None:
+        raise ValueError(f"split_kv_cached_attention: a cache of {K} KV heads x {S} positions does not split by "
+                         f"sequence on mesh {dict(mesh.shape)}")
+    t = mesh.shape[axis]
+    spec = lambda names, shape: logical_partition_spec(names, shape, mesh)  # noqa: E731
+    rows_spec = spec((ROWS,), (B,))
+    cache_spec = spec(kv_cache_axes(K, S, mesh), cache["k"].shape)
+    whole = lambda a: spec((ROWS,) + (None,) * (a.ndim - 1), a.shape)  # noqa: E731
+    scatter_heads = N % t == 0
+    out_spec = PartitionSpec(*rows_spec, None, axis if scatter_heads else None, None)
+
+    def local(query, key, value, keys, values, write_index, query_index):
+        dt = query.dtype
+        b, s = keys.shape[0], keys.shape[1]
+        start = jax.lax.axis_index(axis) * s
+        local_write = write_index - start
+        local_write = jnp.where((local_write >= 0) & (local_write < s), local_write, s)  # not ours: dropped
+        rows = jnp.broadcast_to(jnp.arange(b)[:, None], local_write.shape)
+        keys = keys.at[rows, local_write].set(key.astype(keys.dtype), mode="drop")
+        values = values.at[rows, local_write].set(value.astype(values.dtype), mode="drop")
+        G = N // K
+        q_BxTxKxGxD = query.reshape(b, T, K, G, D)
+        scores_BxKxGxTxS = jnp.einsum("btkgd,bskd->bkgts", q_BxTxKxGxD, keys.astype(dt),
+                                      preferred_element_type=jnp.float32) * (D ** -0.5)
+        visible_BxTxS = (start + jnp.arange(s))[None, None, :] <= query_index[:, :, None]
+        visible = visible_BxTxS[:, None, None]
+        max_BxKxGxT = jnp.max(jnp.where(visible, scores_BxKxGxTxS, -jnp.inf), axis=-1)
+        shifted = jnp.where(visible, scores_BxKxGxTxS - jnp.where(jnp.isfinite(max_BxKxGxT), max_BxKxGxT,
+                                                                  0.0)[..., None], -jnp.inf)
+        weights_BxKxGxTxS = jnp.exp(shifted)
+        total_max = jax.lax.pmax(max_BxKxGxT, axis)
+        rescale = jnp.where(jnp.isfinite(max_BxKxGxT), jnp.exp(max_BxKxGxT - total_max), 0.0)
+        norm_BxKxGxT = jax.lax.psum(jnp.sum(weights_BxKxGxTxS, axis=-1) * rescale, axis)
+        partial_BxTxKxGxD = jnp.einsum("bkgts,bskd->btkgd", weights_BxKxGxTxS.astype(dt), values.astype(dt),
+                                       preferred_element_type=jnp.float32)
+        partial_BxTxNxD = (partial_BxTxKxGxD * jnp.moveaxis(rescale, -1, 1)[..., None]).reshape(b, T, N, D)
+        norm_BxTxN = jnp.moveaxis(norm_BxKxGxT, -1, 1).reshape(b, T, N)
+        if scatter_heads:
+            out_BxTxNxD = jax.lax.psum_scatter(partial_BxTxNxD, axis, scatter_dimension=2, tiled=True)
+            n = N // t
+            norm_BxTxN = jax.lax.dynamic_slice_in_dim(norm_BxTxN, jax.lax.axis_index(axis) * n, n, axis=2)
+        else:
+            out_BxTxNxD = jax.lax.psum(partial_BxTxNxD, axis)
+        out_BxTxNxD = out_BxTxNxD / jnp.maximum(norm_BxTxN, jnp.finfo(jnp.float32).tiny)[..., None]
+        return out_BxTxNxD.astype(dt), keys, values
+
+    out, keys, values = jax.shard_map(
+        local, mesh=mesh,
+        in_specs=(whole(query_BxTxNxD), whole(key_BxTxKxD), whole(value_BxTxKxD), cache_spec, cache_spec,
+                  whole(write_index_BxT), whole(query_index_BxT)),
+        out_specs=(out_spec, cache_spec, cache_spec), check_vma=False,
+    )(query_BxTxNxD, key_BxTxKxD, value_BxTxKxD, cache["k"], cache["v"], write_index_BxT, query_index_BxT)
+    return out, {"k": keys, "v": values}
