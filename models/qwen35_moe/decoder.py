@@ -17,7 +17,7 @@ from mercury_jax.parallel import BATCH_LENGTH_EMBED, constrain
 from models.qwen35_moe.attention import Attention
 from models.qwen35_moe.config import FULL_ATTENTION, Qwen35MoeConfig
 from models.qwen35_moe.gated_deltanet import GatedDeltaNet
-from models.qwen35_moe.moe import SparseMoe
+from models.qwen35_moe.moe import SparseMoe, picks_fewer_than_experts
 from models.qwen35_moe.norms import RMSNorm
 
 # Named residuals (`checkpoint_name`) a policy may keep: each layer's input, and the MoE's input (the mixer's output
@@ -46,7 +46,8 @@ class DecoderLayer(nnx.Module):
             self.mixer = GatedDeltaNet(config, rngs=rngs)
         self.moe = SparseMoe(config, rngs=rngs)
 
-    def __call__(self, x_BxTxH, *, positions_BxT, segment_ids_BxT, cache, cache_start_B, valid_BxT):
+    def __call__(self, x_BxTxH, *, positions_BxT, segment_ids_BxT, cache, cache_start_B, valid_BxT,
+                 stacked_experts=None):
         x_BxTxH = checkpoint_name(constrain(x_BxTxH, BATCH_LENGTH_EMBED), LAYER_INPUT)
         normed = self.input_norm(x_BxTxH)
         if self.layer_type == FULL_ATTENTION:
@@ -55,7 +56,7 @@ class DecoderLayer(nnx.Module):
         else:
             mixed, new_cache = self.mixer(normed, segment_ids_BxT=segment_ids_BxT, cache=cache, valid_BxT=valid_BxT)
         h_BxTxH = checkpoint_name(constrain(x_BxTxH + mixed, BATCH_LENGTH_EMBED), MOE_INPUT)
-        moe_out, aux = self.moe(self.post_norm(h_BxTxH))
+        moe_out, aux = self.moe(self.post_norm(h_BxTxH), stacked_experts=stacked_experts)
         return constrain(h_BxTxH + moe_out, BATCH_LENGTH_EMBED), new_cache, aux
 
 
@@ -65,10 +66,12 @@ class DecoderBlock(nnx.Module):
     def __init__(self, config: Qwen35MoeConfig, pattern: tuple[str, ...], *, rngs: nnx.Rngs):
         self.layers = nnx.List([DecoderLayer(config, t, rngs=rngs) for t in pattern])
 
-    def __call__(self, x_BxTxH, *, caches, **kwargs):
+    def __call__(self, x_BxTxH, *, caches, stacked_experts=None, **kwargs):
         new_caches, auxes = [], []
         for i, layer in enumerate(self.layers):
-            x_BxTxH, new_cache, aux = layer(x_BxTxH, cache=None if caches is None else caches[i], **kwargs)
+            x_BxTxH, new_cache, aux = layer(x_BxTxH, cache=None if caches is None else caches[i],
+                                            stacked_experts=None if stacked_experts is None else stacked_experts[i],
+                                            **kwargs)
             new_caches.append(new_cache)
             auxes.append(aux)
         return x_BxTxH, new_caches, _sum_aux(auxes)
@@ -89,16 +92,24 @@ def create_block_stack(config: Qwen35MoeConfig, pattern: tuple[str, ...], n_bloc
 def apply_block_stack(blocks: DecoderBlock, x_BxTxH, *, caches, remat_policy: str, **kwargs):
     """Scan the stacked block over its leading axis; caches (if any) are stacked the same way."""
     graphdef, state = nnx.split(blocks)
+    B, T = x_BxTxH.shape[:2]
+    gather_from_stacks = caches is not None and picks_fewer_than_experts(B * T, blocks.layers[0].moe.config)
+    # a decode step picks a few experts: gather them from the whole [L, E, ...] stacks by (layer, expert), so the
+    # scan never copies a layer's slice of every expert out of the stack (XLA cannot fuse that slice into a gather)
+    stacks = [(layer["moe"]["expert_gate"][...], layer["moe"]["expert_up"][...], layer["moe"]["expert_down"][...])
+              for layer in state["layers"].values()] if gather_from_stacks else None
 
     def body(x, scanned):
-        block_state, block_caches = scanned
+        block_state, block_caches, index = scanned
         block = nnx.merge(graphdef, block_state)
-        x, new_caches, aux = block(x, caches=block_caches, **kwargs)
+        stacked = None if stacks is None else [(*stack, index) for stack in stacks]
+        x, new_caches, aux = block(x, caches=block_caches, stacked_experts=stacked, **kwargs)
         return x, (new_caches, aux)
 
     if remat_policy != "none":
         body = jax.checkpoint(body, policy=_REMAT_POLICIES[remat_policy], prevent_cse=False)
-    x_BxTxH, (new_caches, aux) = jax.lax.scan(body, x_BxTxH, (state, caches))
+    n_blocks = jax.tree.leaves(state)[0].shape[0]
+    x_BxTxH, (new_caches, aux) = jax.lax.scan(body, x_BxTxH, (state, caches, jnp.arange(n_blocks)))
     return x_BxTxH, new_caches, jax.tree.map(lambda a: jnp.sum(a, axis=0), aux)
 
 

@@ -1,0 +1,68 @@
+"""Decode-size MoE: each pick's experts gathered (`moe.picked_experts`) instead of a grouped matmul over all of them.
+
+- `picked_experts` equals `routed_experts` (fp32, 1e-6: the same products, another order of the k-sum), and its
+  stacked form (weights [L, E, ...], gathered at (layer, expert)) equals the per-layer form on that layer's slice.
+- A model whose decode steps take the picked path (16 experts, top 2, 3 rows: 6 picks) gives the full forward's
+  logits at every step (1e-5, the decode tests' tolerance), through the scanned blocks (stacked gather) and an
+  unscanned tail layer (per-layer gather).
+- The path is chosen by size: fewer picks than experts, and never on a mesh that splits the experts.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from mercury_jax.parallel import make_mesh, with_mesh_context
+from models.qwen35_moe import Qwen35MoeForCausalLM
+from models.qwen35_moe import config as C
+from models.qwen35_moe.moe import picked_experts, picks_fewer_than_experts, routed_experts
+
+
+def _experts(L=None, E=8, H=16, inner=12, seed=0):
+    rng = np.random.RandomState(seed)
+    lead = () if L is None else (L,)
+    shapes = [(E, H, inner), (E, H, inner), (E, inner, H)]
+    return tuple(jnp.asarray(rng.randn(*lead, *shape), jnp.float32) for shape in shapes)
+
+
+def test_picked_experts_equal_the_grouped_matmul():
+    rng = np.random.RandomState(1)
+    N, K, E, H = 5, 3, 8, 16
+    x = jnp.asarray(rng.randn(N, H), jnp.float32)
+    picks = jnp.asarray(np.stack([rng.choice(E, K, replace=False) for _ in range(N)]), jnp.int32)
+    weights = jnp.asarray(rng.rand(N, K), jnp.float32)
+    gate, up, down = _experts(E=E, H=H)
+    np.testing.assert_allclose(picked_experts(x, picks, weights, gate, up, down),
+                               routed_experts(x, picks, weights, gate, up, down), atol=1e-6, rtol=1e-6)
+    stacks = _experts(L=4, E=E, H=H, seed=2)
+    for layer in range(4):
+        want = picked_experts(x, picks, weights, *(s[layer] for s in stacks))
+        got = jax.jit(picked_experts)(x, picks, weights, *stacks, layer=jnp.int32(layer))
+        np.testing.assert_array_equal(got, want)
+
+
+def test_decode_on_the_picked_path_equals_the_full_forward():
+    cfg = C.tiny(vocab_size=80, num_hidden_layers=3, full_attention_interval=2, num_experts=16, scan_layers=True)
+    assert cfg.block_layout()[1] == 1 and len(cfg.block_layout()[2]) == 1  # one scanned block + a tail layer
+    assert picks_fewer_than_experts(3, cfg) and not picks_fewer_than_experts(8, cfg)
+    model = Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(4))
+    rng = np.random.RandomState(3)
+    seqs = rng.randint(0, 80, size=(3, 20))
+    extend = nnx.jit(lambda m, ids, cache: m.extend(ids, cache))
+    logits, cache = extend(model, jnp.asarray(seqs[:, :12]), model.init_cache(3, 32))  # 36 tokens: grouped path
+    steps = [logits[:, -1]]
+    for t in range(12, 20):
+        logits, cache = extend(model, jnp.asarray(seqs[:, t:t + 1]), cache)  # 3 tokens, 6 picks of 16: picked
+        steps.append(logits[:, 0])
+    full = nnx.jit(lambda m, ids: m(ids))(model, jnp.asarray(seqs))
+    np.testing.assert_allclose(np.stack(steps, axis=1)[:, :-1], full[:, 11:19], atol=1e-5, rtol=0)
+
+
+def test_a_mesh_that_splits_experts_keeps_the_grouped_path():
+    cfg = C.tiny(num_experts=16)
+    mesh = make_mesh({"expert": 2}, devices=jax.devices()[:2])
+    assert with_mesh_context(lambda: picks_fewer_than_experts(1, cfg), mesh)() is False
+    assert with_mesh_context(lambda: picks_fewer_than_experts(1, cfg), make_mesh({"tensor": 2},
+                                                                                  devices=jax.devices()[:2]))()
