@@ -59,6 +59,28 @@ def test_split_cached_attention_equals_the_whole_cache(shape, T):
     assert got_cache["k"].sharding.spec[1] == "tensor"
 
 
+@pytest.mark.parametrize("split", [False, True])
+def test_a_layer_of_a_stacked_cache_is_read_and_written_in_place(split):
+    """The decode scan carries every layer's K/V ([L, B, S, K, D]) and hands a layer its index: writing and
+    attending at that index equals the same call on the layer's own cache, and leaves the other layers alone."""
+    mesh = make_mesh({"tensor": 4}, devices=jax.devices()[:4])
+    starts = [0, 11, 12, 13, 40]
+    query, key, value, cache, write, query_index = _inputs(5, starts, seed=3)
+    other = _inputs(5, starts, seed=4)[3]
+    stack = {name: jnp.stack([other[name], cache[name], -other[name]]) for name in ("k", "v")}
+    want_out, want_cache = whole_kv_cached_attention(query, key, value, cache, write, query_index)
+    if split:
+        fn = jax.jit(with_mesh_context(lambda *a: split_kv_cached_attention(*a, mesh), mesh))
+    else:
+        fn = jax.jit(whole_kv_cached_attention)
+    got_out, got_stack = fn(query, key, value, dict(stack, layer=jnp.int32(1)), write, query_index)
+    np.testing.assert_allclose(got_out, want_out, atol=1e-6, rtol=1e-6)
+    for name in ("k", "v"):
+        np.testing.assert_array_equal(got_stack[name][1], want_cache[name])
+        np.testing.assert_array_equal(got_stack[name][0], stack[name][0])
+        np.testing.assert_array_equal(got_stack[name][2], stack[name][2])
+
+
 def test_the_split_applies_only_where_heads_do_not_divide():
     mesh4 = make_mesh({"tensor": 4}, devices=jax.devices()[:4])
     assert kv_split_axis(2, 48, mesh4) == "tensor"  # 35B-A3B's case: 2 kv heads, tensor 4

@@ -66,7 +66,7 @@ class Attention(nnx.Module):
                                          impl=cfg.attention_impl)
             new_cache = None
         else:
-            S = cache["k"].shape[1]
+            S = cache["k"].shape[-3]
             write_index_BxT = cache_start_B[:, None] + jnp.arange(T)[None, :]
             if valid_BxT is not None:
                 write_index_BxT = jnp.where(valid_BxT, write_index_BxT, S)  # out of range: dropped below
@@ -87,17 +87,20 @@ def whole_kv_cached_attention(query_BxTxNxD: jax.Array, key_BxTxKxD: jax.Array, 
                               cache: dict, write_index_BxT: jax.Array,
                               query_index_BxT: jax.Array) -> tuple[jax.Array, dict]:
     """(output [B, T, N, D], the cache with the new K/V written at `write_index_BxT`, positions >= S dropped):
-    queries at `query_index_BxT` attend to every cache position <= their own."""
+    queries at `query_index_BxT` attend to every cache position <= their own. A cache with a "layer" index holds
+    the K/V of every scanned layer ([L, B, S, K, D]); this layer's are read and written in place there."""
     B, T = query_BxTxNxD.shape[:2]
-    S = cache["k"].shape[1]
+    layer = cache.get("layer")
+    S = cache["k"].shape[-3]
     rows_BxT = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
-    keys_BxSxKxD = cache["k"].at[rows_BxT, write_index_BxT].set(key_BxTxKxD.astype(cache["k"].dtype), mode="drop")
-    values_BxSxKxD = cache["v"].at[rows_BxT, write_index_BxT].set(value_BxTxKxD.astype(cache["v"].dtype),
-                                                                  mode="drop")
+    at = (rows_BxT, write_index_BxT) if layer is None else (layer, rows_BxT, write_index_BxT)
+    keys = cache["k"].at[at].set(key_BxTxKxD.astype(cache["k"].dtype), mode="drop")
+    values = cache["v"].at[at].set(value_BxTxKxD.astype(cache["v"].dtype), mode="drop")
+    keys_BxSxKxD, values_BxSxKxD = (keys, values) if layer is None else (keys[layer], values[layer])
     visible_BxTxS = jnp.arange(S)[None, None, :] <= query_index_BxT[:, :, None]
     dt = query_BxTxNxD.dtype
     out_BxTxNxD = grouped_attention(query_BxTxNxD, keys_BxSxKxD.astype(dt), values_BxSxKxD.astype(dt), visible_BxTxS)
-    return out_BxTxNxD, {"k": keys_BxSxKxD, "v": values_BxSxKxD}
+    return out_BxTxNxD, {"k": keys, "v": values}
 
 
 def self_attention(query_BxTxNxD: jax.Array, key_BxTxKxD: jax.Array, value_BxTxKxD: jax.Array,

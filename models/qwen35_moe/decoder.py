@@ -99,17 +99,32 @@ def apply_block_stack(blocks: DecoderBlock, x_BxTxH, *, caches, remat_policy: st
     stacks = [(layer["moe"]["expert_gate"][...], layer["moe"]["expert_up"][...], layer["moe"]["expert_down"][...])
               for layer in state["layers"].values()] if gather_from_stacks else None
 
-    def body(x, scanned):
+    # attention K/V ride whole ([L, B, S, K, D]) in the carry, each layer's read and written in place at its index:
+    # scanned as xs / ys, every step would copy each layer's K/V out of the stack and back
+    in_carry = [caches is not None and "k" in c for c in (caches or [])]
+    carried = [c if keep else None for c, keep in zip(caches or [], in_carry)]
+    scanned_caches = None if caches is None else [None if keep else c for c, keep in zip(caches, in_carry)]
+
+    def body(carry, scanned):
+        x, kv = carry
         block_state, block_caches, index = scanned
+        if block_caches is not None:
+            block_caches = [dict(c, layer=index) if keep else b for c, b, keep in zip(kv, block_caches, in_carry)]
         block = nnx.merge(graphdef, block_state)
         stacked = None if stacks is None else [(*stack, index) for stack in stacks]
         x, new_caches, aux = block(x, caches=block_caches, stacked_experts=stacked, **kwargs)
-        return x, (new_caches, aux)
+        if new_caches and block_caches is not None:
+            kv = [c if keep else None for c, keep in zip(new_caches, in_carry)]
+            new_caches = [None if keep else c for c, keep in zip(new_caches, in_carry)]
+        return (x, kv), (new_caches, aux)
 
     if remat_policy != "none":
         body = jax.checkpoint(body, policy=_REMAT_POLICIES[remat_policy], prevent_cse=False)
     n_blocks = jax.tree.leaves(state)[0].shape[0]
-    x_BxTxH, (new_caches, aux) = jax.lax.scan(body, x_BxTxH, (state, caches, jnp.arange(n_blocks)))
+    (x_BxTxH, carried), (new_caches, aux) = jax.lax.scan(body, (x_BxTxH, carried),
+                                                         (state, scanned_caches, jnp.arange(n_blocks)))
+    if caches is not None:
+        new_caches = [k if keep else c for k, c, keep in zip(carried, new_caches, in_carry)]
     return x_BxTxH, new_caches, jax.tree.map(lambda a: jnp.sum(a, axis=0), aux)
 
 

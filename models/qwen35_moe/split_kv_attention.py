@@ -56,9 +56,11 @@ def split_kv_cached_attention(query_BxTxNxD: jax.Array, key_BxTxKxD: jax.Array, 
     """(attention output [B, T, N, D] in the query dtype, the cache with the new K/V written) for queries at
     positions `query_index_BxT` attending causally to every cache position <= their own, the new keys/values
     written at `write_index_BxT` (positions >= S are dropped), the cache {"k", "v": [B, S, K, D]} split by
-    sequence over `mesh`'s tensor axis."""
+    sequence over `mesh`'s tensor axis; with a "layer" index, {"k", "v": [L, B, S, K, D]} of every scanned layer,
+    this layer's read and written in place."""
     B, T, N, D = query_BxTxNxD.shape
-    S, K = cache["k"].shape[1], cache["k"].shape[2]
+    S, K = cache["k"].shape[-3], cache["k"].shape[-2]
+    layer = cache.get("layer")
     axis = kv_split_axis(K, S, mesh)
     if axis is None:
         raise ValueError(f"split_kv_cached_attention: a cache of {K} KV heads x {S} positions does not split by "
@@ -66,23 +68,27 @@ def split_kv_cached_attention(query_BxTxNxD: jax.Array, key_BxTxKxD: jax.Array, 
     t = mesh.shape[axis]
     spec = lambda names, shape: logical_partition_spec(names, shape, mesh)  # noqa: E731
     rows_spec = spec((ROWS,), (B,))
-    cache_spec = spec(kv_cache_axes(K, S, mesh), cache["k"].shape)
+    cache_spec = spec(kv_cache_axes(K, S, mesh), cache["k"].shape[-4:])
+    if layer is not None:
+        cache_spec = PartitionSpec(None, *cache_spec)
     whole = lambda a: spec((ROWS,) + (None,) * (a.ndim - 1), a.shape)  # noqa: E731
     scatter_heads = N % t == 0
     out_spec = PartitionSpec(*rows_spec, None, axis if scatter_heads else None, None)
 
-    def local(query, key, value, keys, values, write_index, query_index):
+    def local(query, key, value, keys, values, write_index, query_index, layer):
         dt = query.dtype
-        b, s = keys.shape[0], keys.shape[1]
+        b, s = keys.shape[-4], keys.shape[-3]
         start = jax.lax.axis_index(axis) * s
         local_write = write_index - start
         local_write = jnp.where((local_write >= 0) & (local_write < s), local_write, s)  # not ours: dropped
         rows = jnp.broadcast_to(jnp.arange(b)[:, None], local_write.shape)
-        keys = keys.at[rows, local_write].set(key.astype(keys.dtype), mode="drop")
-        values = values.at[rows, local_write].set(value.astype(values.dtype), mode="drop")
+        at = (rows, local_write) if layer is None else (layer, rows, local_write)
+        keys = keys.at[at].set(key.astype(keys.dtype), mode="drop")
+        values = values.at[at].set(value.astype(values.dtype), mode="drop")
+        layer_keys, layer_values = (keys, values) if layer is None else (keys[layer], values[layer])
         G = N // K
         q_BxTxKxGxD = query.reshape(b, T, K, G, D)
-        scores_BxKxGxTxS = jnp.einsum("btkgd,bskd->bkgts", q_BxTxKxGxD, keys.astype(dt),
+        scores_BxKxGxTxS = jnp.einsum("btkgd,bskd->bkgts", q_BxTxKxGxD, layer_keys.astype(dt),
                                       preferred_element_type=jnp.float32) * (D ** -0.5)
         visible_BxTxS = (start + jnp.arange(s))[None, None, :] <= query_index[:, :, None]
         visible = visible_BxTxS[:, None, None]
@@ -93,7 +99,7 @@ def split_kv_cached_attention(query_BxTxNxD: jax.Array, key_BxTxKxD: jax.Array, 
         total_max = jax.lax.pmax(max_BxKxGxT, axis)
         rescale = jnp.where(jnp.isfinite(max_BxKxGxT), jnp.exp(max_BxKxGxT - total_max), 0.0)
         norm_BxKxGxT = jax.lax.psum(jnp.sum(weights_BxKxGxTxS, axis=-1) * rescale, axis)
-        partial_BxTxKxGxD = jnp.einsum("bkgts,bskd->btkgd", weights_BxKxGxTxS.astype(dt), values.astype(dt),
+        partial_BxTxKxGxD = jnp.einsum("bkgts,bskd->btkgd", weights_BxKxGxTxS.astype(dt), layer_values.astype(dt),
                                        preferred_element_type=jnp.float32)
         partial_BxTxNxD = (partial_BxTxKxGxD * jnp.moveaxis(rescale, -1, 1)[..., None]).reshape(b, T, N, D)
         norm_BxTxN = jnp.moveaxis(norm_BxKxGxT, -1, 1).reshape(b, T, N)
@@ -106,10 +112,12 @@ def split_kv_cached_attention(query_BxTxNxD: jax.Array, key_BxTxKxD: jax.Array, 
         out_BxTxNxD = out_BxTxNxD / jnp.maximum(norm_BxTxN, jnp.finfo(jnp.float32).tiny)[..., None]
         return out_BxTxNxD.astype(dt), keys, values
 
+    layer_args = () if layer is None else (layer,)
     out, keys, values = jax.shard_map(
-        local, mesh=mesh,
+        lambda *args: local(*args[:7], args[7] if layer_args else None), mesh=mesh,
         in_specs=(whole(query_BxTxNxD), whole(key_BxTxKxD), whole(value_BxTxKxD), cache_spec, cache_spec,
-                  whole(write_index_BxT), whole(query_index_BxT)),
+                  whole(write_index_BxT), whole(query_index_BxT)) + (PartitionSpec(),) * len(layer_args),
         out_specs=(out_spec, cache_spec, cache_spec), check_vma=False,
-    )(query_BxTxNxD, key_BxTxKxD, value_BxTxKxD, cache["k"], cache["v"], write_index_BxT, query_index_BxT)
+    )(query_BxTxNxD, key_BxTxKxD, value_BxTxKxD, cache["k"], cache["v"], write_index_BxT, query_index_BxT,
+      *layer_args)
     return out, {"k": keys, "v": values}
