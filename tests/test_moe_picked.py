@@ -5,6 +5,9 @@
 - A model whose decode steps take the picked path (16 experts, top 2, 3 rows: 6 picks) gives the full forward's
   logits at every step (1e-5, the decode tests' tolerance), through the scanned blocks (stacked gather) and an
   unscanned tail layer (per-layer gather).
+- The Pallas kernel (kernels/picked_experts, interpret mode here) equals the XLA gather (fp32, 1e-5: its products
+  run per pick in another order), stacked and per layer, with picks shared by several tokens; and per shard on a
+  tensor=4 mesh, the intermediate dim split and the partial outputs summed.
 - The path is chosen by size: fewer picks than experts, and never on a mesh that splits the experts.
 """
 from __future__ import annotations
@@ -13,11 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from mercury_jax.parallel import make_mesh, with_mesh_context
 from models.qwen35_moe import Qwen35MoeForCausalLM
 from models.qwen35_moe import config as C
-from models.qwen35_moe.moe import picked_experts, picks_fewer_than_experts, routed_experts
+from models.qwen35_moe.moe import routed_experts
+from models.qwen35_moe.moe_picked import picked_experts, picks_fewer_than_experts
 
 
 def _experts(L=None, E=8, H=16, inner=12, seed=0):
@@ -41,6 +46,30 @@ def test_picked_experts_equal_the_grouped_matmul():
         want = picked_experts(x, picks, weights, *(s[layer] for s in stacks))
         got = jax.jit(picked_experts)(x, picks, weights, *stacks, layer=jnp.int32(layer))
         np.testing.assert_array_equal(got, want)
+
+
+def test_the_pallas_kernel_equals_the_gather():
+    rng = np.random.RandomState(5)
+    N, K, E, H = 6, 2, 4, 128  # 12 picks of 4 experts: every expert picked by several tokens
+    x = jnp.asarray(rng.randn(N, H), jnp.float32)
+    picks = jnp.asarray(np.stack([rng.choice(E, K, replace=False) for _ in range(N)]), jnp.int32)
+    weights = jnp.asarray(rng.rand(N, K), jnp.float32)
+    stacks = _experts(L=3, E=E, H=H, inner=256, seed=6)
+    # outputs ~1e3 (unit-variance weights): fp32 sums in another order round at ~1e-4 absolute, so the absolute
+    # tolerance is relative to the largest output
+    close = lambda got, want: np.testing.assert_allclose(  # noqa: E731
+        got, want, atol=1e-6 * float(jnp.max(jnp.abs(want))), rtol=1e-5)
+    for layer in (0, 2):
+        close(picked_experts(x, picks, weights, *stacks, layer=jnp.int32(layer), impl="pallas"),
+              picked_experts(x, picks, weights, *stacks, layer=jnp.int32(layer), impl="gather"))
+    one = tuple(s[1] for s in stacks)
+    close(picked_experts(x, picks, weights, *one, impl="pallas"), picked_experts(x, picks, weights, *one,
+                                                                                  impl="gather"))
+    mesh = make_mesh({"tensor": 4}, devices=jax.devices()[:4])
+    placed = jax.device_put((x, picks, weights, *stacks), jax.sharding.NamedSharding(mesh, P()))  # as an engine's
+    sharded = jax.jit(with_mesh_context(lambda *a: picked_experts(*a, layer=jnp.int32(2), impl="pallas"), mesh))(
+        *placed)
+    close(sharded, picked_experts(x, picks, weights, *stacks, layer=jnp.int32(2), impl="gather"))
 
 
 def test_decode_on_the_picked_path_equals_the_full_forward():

@@ -3,8 +3,10 @@
 - The cached attention alone, fp32, on tensor = 2, 4, 8 (8: the query heads do not divide the axis, so the chips
   all-reduce instead of reduce-scattering) and data 2 x tensor 4: outputs and written caches against
   `attention.whole_kv_cached_attention`, for rows whose next positions start on, just before and just after a chip
-  boundary, a chunk of T = 5 that straddles one, a row whose later chips see nothing, and dropped (invalid) writes.
-  Tolerance 1e-6 absolute on unit-scale outputs: the sum over positions runs in another order (chip by chip).
+  boundary, a chunk of T = 5 that straddles one, a row whose later chips see nothing, and dropped writes of padding
+  tokens (each row's real tokens a prefix, as in a prefill; a padding token's output is discarded by every caller,
+  so only real tokens' outputs are compared). Tolerance 1e-6 absolute on unit-scale outputs: the sum over positions
+  runs in another order (chip by chip, then the new tokens).
 - The rollout engine with 1 KV head on replicas of tensor 2, 4 (and 8, slow): the same greedy tokens as the
   single-device engine, log-probs within 1e-5 (fp32), first turns and continuations on a kept cache; the K/V really
   sit split by position; the compiled decode program holds no whole-cache all-gather.
@@ -36,9 +38,15 @@ def _inputs(T: int, starts: list[int], seed: int = 0):
     cache = {"k": arr(B, S, K, D), "v": arr(B, S, K, D)}
     start_B = jnp.asarray(starts, jnp.int32)
     write_BxT = start_B[:, None] + jnp.arange(T)[None, :]
-    valid_BxT = jnp.asarray(rng.rand(B, T) > 0.2)
+    lengths_B = rng.randint(1, T + 1, size=B)  # the first lengths[b] tokens of a row are real, as in a prefill
+    valid_BxT = jnp.arange(T)[None, :] < jnp.asarray(lengths_B)[:, None]
     write_BxT = jnp.where(valid_BxT, write_BxT, S)
     return arr(B, T, N, D), arr(B, T, K, D), arr(B, T, K, D), cache, write_BxT, start_B[:, None] + jnp.arange(T)
+
+
+def _real(out_BxTxNxD, write_BxT):
+    """The outputs of the real tokens (a padding token's output is discarded by every caller)."""
+    return np.where(np.asarray(write_BxT < S)[..., None, None], out_BxTxNxD, 0.0)
 
 
 @pytest.mark.parametrize("shape", [{"tensor": 2}, {"tensor": 4}, {"tensor": 8}, {"data": 2, "tensor": 4}])
@@ -53,7 +61,7 @@ def test_split_cached_attention_equals_the_whole_cache(shape, T):
     want_out, want_cache = whole_kv_cached_attention(*args)
     run = jax.jit(with_mesh_context(lambda *a: split_kv_cached_attention(*a, mesh), mesh))
     got_out, got_cache = run(*args)
-    np.testing.assert_allclose(got_out, want_out, atol=1e-6, rtol=1e-6)
+    np.testing.assert_allclose(_real(got_out, args[4]), _real(want_out, args[4]), atol=1e-6, rtol=1e-6)
     np.testing.assert_array_equal(got_cache["k"], want_cache["k"])
     np.testing.assert_array_equal(got_cache["v"], want_cache["v"])
     assert got_cache["k"].sharding.spec[1] == "tensor"
@@ -74,7 +82,7 @@ def test_a_layer_of_a_stacked_cache_is_read_and_written_in_place(split):
     else:
         fn = jax.jit(whole_kv_cached_attention)
     got_out, got_stack = fn(query, key, value, dict(stack, layer=jnp.int32(1)), write, query_index)
-    np.testing.assert_allclose(got_out, want_out, atol=1e-6, rtol=1e-6)
+    np.testing.assert_allclose(_real(got_out, write), _real(want_out, write), atol=1e-6, rtol=1e-6)
     for name in ("k", "v"):
         np.testing.assert_array_equal(got_stack[name][1], want_cache[name])
         np.testing.assert_array_equal(got_stack[name][0], stack[name][0])

@@ -17,7 +17,8 @@ from mercury_jax.parallel import BATCH_LENGTH_EMBED, constrain
 from models.qwen35_moe.attention import Attention
 from models.qwen35_moe.config import FULL_ATTENTION, Qwen35MoeConfig
 from models.qwen35_moe.gated_deltanet import GatedDeltaNet
-from models.qwen35_moe.moe import SparseMoe, picks_fewer_than_experts
+from models.qwen35_moe.moe import SparseMoe
+from models.qwen35_moe.moe_picked import picks_fewer_than_experts
 from models.qwen35_moe.norms import RMSNorm
 
 # Named residuals (`checkpoint_name`) a policy may keep: each layer's input, and the MoE's input (the mixer's output

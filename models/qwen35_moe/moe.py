@@ -7,7 +7,7 @@ Dropless: the N*k (token, expert) pairs are sorted by expert and multiplied with
 matmul, no capacity, no padding to a capacity), then unsorted and summed. Aux statistics for the Switch
 load-balancing loss are returned so a caller can combine them across layers exactly as HF does.
 Fewer (token, expert) picks than experts (a decode step: N k < E) and no expert split over the mesh: each pick's
-expert matrices are gathered instead (`picked_experts`), so a step reads the experts it uses, not all of them.
+expert matrices are read instead (`moe_picked.py`), so a step reads the experts it uses, not all of them.
 moe_impl "ep" runs the routing and the routed sum expert-parallel under shard_map over the context mesh (moe_ep.py),
 token-local, with the aux statistics summed over all shards (whole-batch, as HF); the shared expert stays here.
 """
@@ -19,6 +19,7 @@ from flax import nnx
 
 from models.qwen35_moe.config import Qwen35MoeConfig
 from models.qwen35_moe.moe_ep import ep_moe
+from models.qwen35_moe.moe_picked import picked_experts, picks_fewer_than_experts
 from models.qwen35_moe.params import cast, make_param, normal_init
 from models.qwen35_moe.routing import route
 
@@ -91,28 +92,6 @@ def routed_experts(x_NxH: jax.Array, expert_NxK: jax.Array, weight_NxK: jax.Arra
     unsorted_MxH = jnp.zeros_like(out_MxH).at[order_M].set(out_MxH)
     unsorted_NxKxH = unsorted_MxH.reshape(N, K, -1)
     return jnp.einsum("nkh,nk->nh", unsorted_NxKxH, weight_NxK)
-
-
-def picks_fewer_than_experts(num_tokens: int, config: Qwen35MoeConfig) -> bool:
-    """Whether `num_tokens` tokens make fewer (token, expert) picks than there are experts, on a mesh that keeps
-    every expert on every device (no 'expert' axis over 1): then `picked_experts` reads less than the grouped
-    matmul, which streams every expert's weights (a decode step of 8 slots: 64 picks of 256 experts)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    experts_split = not mesh.empty and dict(mesh.shape).get("expert", 1) > 1
-    return num_tokens * config.num_experts_per_tok < config.num_experts and not experts_split
-
-
-def picked_experts(x_NxH: jax.Array, expert_NxK: jax.Array, weight_NxK: jax.Array, gate_ExHxI: jax.Array,
-                   up_ExHxI: jax.Array, down_ExIxH: jax.Array, layer: jax.Array | None = None) -> jax.Array:
-    """The same sum as `routed_experts` with each pick's expert matrices gathered, [N, K, H, I]: reads N K expert
-    matrices, not E. For a handful of tokens (decode). With `layer`, the weights are stacks over layers
-    ([L, E, H, I], ...) and the picks are gathered at (layer, expert) in one gather each."""
-    dt = x_NxH.dtype
-    index = expert_NxK if layer is None else (layer, expert_NxK)
-    gate_NxKxHxI, up_NxKxHxI, down_NxKxIxH = (w[index].astype(dt) for w in (gate_ExHxI, up_ExHxI, down_ExIxH))
-    hidden_NxKxI = jax.nn.silu(jnp.einsum("nh,nkhi->nki", x_NxH, gate_NxKxHxI)) * jnp.einsum(
-        "nh,nkhi->nki", x_NxH, up_NxKxHxI)
-    return jnp.einsum("nkh,nk->nh", jnp.einsum("nki,nkih->nkh", hidden_NxKxI, down_NxKxIxH), weight_NxK)
 
 
 def dense_experts(x_NxH: jax.Array, expert_NxK: jax.Array, weight_NxK: jax.Array, gate_ExHxI: jax.Array,

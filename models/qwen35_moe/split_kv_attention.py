@@ -2,17 +2,22 @@
 
 When a replica's tensor axis has more devices than the model has KV heads (35B-A3B: 2 KV heads, tensor=4), the
 cache cannot split by head, and every chip would hold and read every slot's whole K/V. Instead the cache's
-sequence dim is split over tensor: chip c of t holds positions [c S/t, (c+1) S/t) of every KV head. Each chip
+sequence dim is split over tensor: chip c of t holds positions [c S/t, (c+1) S/t) of every KV head. A query at
+position q attends to the cached positions before the call's new tokens (p < start of the row's new tokens) and
+to the new tokens up to its own. Each chip computes, for every query head, over the cached positions of its span
 
-    writes the new keys/values whose positions fall in its span (a scatter of T rows; the others drop them),
-    computes, for every query head over its own span s_c:
-        m_c = max_j s_cj,   l_c = sum_j exp(s_cj - m_c),   o_c = sum_j exp(s_cj - m_c) v_j
-    with s_cj = q k_j^T / sqrt(D) over the visible positions j of the span (none visible: m_c = -inf, l_c = o_c = 0),
-and the spans combine exactly as one softmax over the whole row:
-        m = max_c m_c,   l = sum_c exp(m_c - m) l_c,   o = sum_c exp(m_c - m) o_c / l
-(`pmax`, then `psum` of l and a reduce-scatter of o over the query heads when they divide the axis, else `psum`).
-The whole query (every head) goes to every chip: [B, T, N, D], small next to the cache. Each chip reads S/t of
-the cache per step instead of S, and holds S/t of it.
+    m_c = max_j s_j,   l_c = sum_j exp(s_j - m_c),   o_c = sum_j exp(s_j - m_c) v_j,   s_j = q k_j^T / sqrt(D)
+
+(nothing visible: m_c = -inf, l_c = o_c = 0); the spans combine as one softmax over the row,
+
+    m = max_c m_c,   l = sum_c exp(m_c - m) l_c,   o = sum_c exp(m_c - m) o_c
+
+(`pmax`, then `psum` of l and a reduce-scatter of o over the query heads when they divide the axis, else `psum`),
+and the new tokens (every chip holds them, counted once) join that sum the same way; out = o / l. Then each chip
+writes the new keys/values whose positions fall in its span (a scatter of T rows; the others drop them). The cache
+is read before it is written, straight from the buffer the decode loop carries. The whole query (every head) goes
+to every chip: [B, T, N, D], small next to the cache. Each chip reads S/t of the cache per step instead of S, and
+holds S/t of it.
 
 Equal to the unsplit `attention.grouped_attention` path up to the order of the sum over positions (fp32: ~1e-7
 relative). Rows are split over the mesh's row axes as the cache's slots are; the function runs under `shard_map`.
@@ -78,38 +83,46 @@ def split_kv_cached_attention(query_BxTxNxD: jax.Array, key_BxTxKxD: jax.Array, 
     def local(query, key, value, keys, values, write_index, query_index, layer):
         dt = query.dtype
         b, s = keys.shape[-4], keys.shape[-3]
+        G = N // K
+        q_BxTxKxGxD = query.reshape(b, T, K, G, D)
+        # the span's cached positions before the new tokens (read before this call's writes, straight from the
+        # carried stack), then the new tokens themselves (every chip holds them: counted once, after the combine)
         start = jax.lax.axis_index(axis) * s
+        old_keys, old_values = (keys, values) if layer is None else (keys[layer], values[layer])
+        old_visible_BxTxS = jnp.broadcast_to(
+            ((start + jnp.arange(s))[None, :] < query_index[:, :1])[:, None, :], (b, T, s))
+        old_max, old_norm, old_out = _partial_softmax(q_BxTxKxGxD, old_keys.astype(dt), old_values.astype(dt),
+                                                      old_visible_BxTxS)
+        total_max = jax.lax.pmax(old_max, axis)
+        rescale = _rescale(old_max, total_max)
+        old_norm = jax.lax.psum(old_norm * rescale, axis)
+        old_out_BxTxNxD = (old_out * jnp.moveaxis(rescale, -1, 1)[..., None]).reshape(b, T, N, D)
+        new_visible_BxTxT = ((jnp.arange(T)[:, None] >= jnp.arange(T)[None, :])[None]
+                             & (write_index < S)[:, None, :])
+        new_max, new_norm, new_out = _partial_softmax(q_BxTxKxGxD, key.astype(dt), value.astype(dt),
+                                                      new_visible_BxTxT)
+        both_max = jnp.maximum(total_max, new_max)
+        old_scale, new_scale = _rescale(total_max, both_max), _rescale(new_max, both_max)
+        norm_BxTxN = jnp.moveaxis(old_norm * old_scale + new_norm * new_scale, -1, 1).reshape(b, T, N)
+        old_scale_BxTxN = jnp.moveaxis(old_scale, -1, 1).reshape(b, T, N)
+        new_out_BxTxNxD = (new_out * jnp.moveaxis(new_scale, -1, 1)[..., None]).reshape(b, T, N, D)
+        if scatter_heads:
+            n = N // t
+            own = lambda x: jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index(axis) * n, n, axis=2)  # noqa: E731
+            out_BxTxNxD = jax.lax.psum_scatter(old_out_BxTxNxD, axis, scatter_dimension=2, tiled=True)
+            norm_BxTxN, old_scale_BxTxN, new_out_BxTxNxD = own(norm_BxTxN), own(old_scale_BxTxN), own(
+                new_out_BxTxNxD)
+        else:
+            out_BxTxNxD = jax.lax.psum(old_out_BxTxNxD, axis)
+        out_BxTxNxD = out_BxTxNxD * old_scale_BxTxN[..., None] + new_out_BxTxNxD
+        out_BxTxNxD = out_BxTxNxD / jnp.maximum(norm_BxTxN, jnp.finfo(jnp.float32).tiny)[..., None]
+
         local_write = write_index - start
         local_write = jnp.where((local_write >= 0) & (local_write < s), local_write, s)  # not ours: dropped
         rows = jnp.broadcast_to(jnp.arange(b)[:, None], local_write.shape)
         at = (rows, local_write) if layer is None else (layer, rows, local_write)
         keys = keys.at[at].set(key.astype(keys.dtype), mode="drop")
         values = values.at[at].set(value.astype(values.dtype), mode="drop")
-        layer_keys, layer_values = (keys, values) if layer is None else (keys[layer], values[layer])
-        G = N // K
-        q_BxTxKxGxD = query.reshape(b, T, K, G, D)
-        scores_BxKxGxTxS = jnp.einsum("btkgd,bskd->bkgts", q_BxTxKxGxD, layer_keys.astype(dt),
-                                      preferred_element_type=jnp.float32) * (D ** -0.5)
-        visible_BxTxS = (start + jnp.arange(s))[None, None, :] <= query_index[:, :, None]
-        visible = visible_BxTxS[:, None, None]
-        max_BxKxGxT = jnp.max(jnp.where(visible, scores_BxKxGxTxS, -jnp.inf), axis=-1)
-        shifted = jnp.where(visible, scores_BxKxGxTxS - jnp.where(jnp.isfinite(max_BxKxGxT), max_BxKxGxT,
-                                                                  0.0)[..., None], -jnp.inf)
-        weights_BxKxGxTxS = jnp.exp(shifted)
-        total_max = jax.lax.pmax(max_BxKxGxT, axis)
-        rescale = jnp.where(jnp.isfinite(max_BxKxGxT), jnp.exp(max_BxKxGxT - total_max), 0.0)
-        norm_BxKxGxT = jax.lax.psum(jnp.sum(weights_BxKxGxTxS, axis=-1) * rescale, axis)
-        partial_BxTxKxGxD = jnp.einsum("bkgts,bskd->btkgd", weights_BxKxGxTxS.astype(dt), layer_values.astype(dt),
-                                       preferred_element_type=jnp.float32)
-        partial_BxTxNxD = (partial_BxTxKxGxD * jnp.moveaxis(rescale, -1, 1)[..., None]).reshape(b, T, N, D)
-        norm_BxTxN = jnp.moveaxis(norm_BxKxGxT, -1, 1).reshape(b, T, N)
-        if scatter_heads:
-            out_BxTxNxD = jax.lax.psum_scatter(partial_BxTxNxD, axis, scatter_dimension=2, tiled=True)
-            n = N // t
-            norm_BxTxN = jax.lax.dynamic_slice_in_dim(norm_BxTxN, jax.lax.axis_index(axis) * n, n, axis=2)
-        else:
-            out_BxTxNxD = jax.lax.psum(partial_BxTxNxD, axis)
-        out_BxTxNxD = out_BxTxNxD / jnp.maximum(norm_BxTxN, jnp.finfo(jnp.float32).tiny)[..., None]
         return out_BxTxNxD.astype(dt), keys, values
 
     layer_args = () if layer is None else (layer,)
@@ -121,3 +134,25 @@ def split_kv_cached_attention(query_BxTxNxD: jax.Array, key_BxTxKxD: jax.Array, 
     )(query_BxTxNxD, key_BxTxKxD, value_BxTxKxD, cache["k"], cache["v"], write_index_BxT, query_index_BxT,
       *layer_args)
     return out, {"k": keys, "v": values}
+
+
+def _partial_softmax(q_BxTxKxGxD, keys_BxSxKxD, values_BxSxKxD, visible_BxTxS):
+    """(m [B, K, G, T], l [B, K, G, T], o [B, T, K, G, D] unnormalised, f32) of softmax attention over the
+    visible positions: m the max score (-inf when none is visible), l = sum exp(s - m), o = sum exp(s - m) v."""
+    D = q_BxTxKxGxD.shape[-1]
+    dt = q_BxTxKxGxD.dtype
+    scores_BxKxGxTxS = jnp.einsum("btkgd,bskd->bkgts", q_BxTxKxGxD, keys_BxSxKxD,
+                                  preferred_element_type=jnp.float32) * (D ** -0.5)
+    visible = visible_BxTxS[:, None, None]
+    max_BxKxGxT = jnp.max(jnp.where(visible, scores_BxKxGxTxS, -jnp.inf), axis=-1)
+    shift = jnp.where(jnp.isfinite(max_BxKxGxT), max_BxKxGxT, 0.0)[..., None]
+    weights_BxKxGxTxS = jnp.where(visible, jnp.exp(scores_BxKxGxTxS - shift), 0.0)
+    out_BxTxKxGxD = jnp.einsum("bkgts,bskd->btkgd", weights_BxKxGxTxS.astype(dt), values_BxSxKxD,
+                               preferred_element_type=jnp.float32)
+    return max_BxKxGxT, jnp.sum(weights_BxKxGxTxS, axis=-1), out_BxTxKxGxD
+
+
+def _rescale(part_max, total_max):
+    """exp(m_part - m_total), 0 where the part saw nothing (-inf)."""
+    return jnp.where(jnp.isfinite(part_max), jnp.exp(part_max - jnp.where(jnp.isfinite(total_max), total_max, 0.0)),
+                     0.0)
