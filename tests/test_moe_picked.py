@@ -50,7 +50,7 @@ def test_picked_experts_equal_the_grouped_matmul():
 
 def test_the_pallas_kernel_equals_the_gather():
     rng = np.random.RandomState(5)
-    N, K, E, H = 6, 2, 4, 128  # 12 picks of 4 experts: every expert picked by several tokens
+    N, K, E, H = 13, 2, 4, 128  # 26 picks of 4 experts (each by several tokens), tokens in two 8-row groups
     x = jnp.asarray(rng.randn(N, H), jnp.float32)
     picks = jnp.asarray(np.stack([rng.choice(E, K, replace=False) for _ in range(N)]), jnp.int32)
     weights = jnp.asarray(rng.rand(N, K), jnp.float32)

@@ -5,14 +5,16 @@
 The N K picks are sorted by expert; grid (picks P, intermediate tiles J). Grid step (p, j) has its pick's weight
 tiles G[l, e_p, :, j], U[l, e_p, :, j] [H, bi] and D[l, e_p, j, :] [bi, H] brought in by the BlockSpecs' index maps
 (the expert ids and the layer are scalar-prefetched), so a weight block is read only for a picked expert, and
-consecutive picks of one expert (sorted) reuse the block already in VMEM: HBM reads = the distinct experts hit,
-the figure the decode's must-read estimate counts. The tokens' rows [N8, H] (N padded to a multiple of 8) sit in
-VMEM whole; each step computes all N8 rows (MXU-shaped [8, H] x [H, bi] products: a decode step is bound by the
-weight reads, not these FLOPs), accumulates [N8, H] f32 over j in a scratch, and at the last j writes the row of
-its pick's token. The k-weighted sum over a token's picks (tiny: [N K, H]) is done outside, in XLA.
+consecutive picks of one expert (sorted) reuse the block already in VMEM when the intermediate dim is one tile
+(bi = I, as on a tensor=4 replica of 35B-A3B: I / 4 = 128): HBM reads = the distinct experts hit, the figure the
+decode's must-read estimate counts. Each step takes the 8 token rows holding its pick's token (N padded to a
+multiple of 8), computes all 8 (MXU-shaped [8, H] x [H, bi] products: a decode step is bound by the weight reads,
+not these FLOPs), accumulates [8, H] f32 over j in a scratch, and at the last j writes its token's row. The
+k-weighted sum over a token's picks (tiny: [N K, H]) is done outside, in XLA. The declared cost counts every pick's
+weight tiles (an upper bound: repeated experts are not re-read when consecutive).
 
-VMEM per step (H = 2048, bi = 128, bf16 weights): 3 weight tiles x 512 KiB, double-buffered 3 MiB; rows and the
-accumulator 2 x 64 KiB. On a non-TPU backend the kernel runs in Pallas interpret mode.
+VMEM per step (H = 2048, bi = 128, bf16 weights): 3 weight tiles x 512 KiB, double-buffered 3 MiB; the rows and
+the accumulator 2 x 64 KiB. On a non-TPU backend the kernel runs in Pallas interpret mode.
 """
 from __future__ import annotations
 
@@ -50,17 +52,17 @@ def pallas_picked_experts(x_NxH: jax.Array, expert_NxK: jax.Array, weight_NxK: j
         num_scalar_prefetch=3,  # sorted experts, their tokens, the layer
         grid=(P, J),
         in_specs=[
-            pl.BlockSpec((rows, H), lambda p, j, e, t, l: (0, 0)),
+            pl.BlockSpec((_ROWS, H), lambda p, j, e, t, l: (t[p] // _ROWS, 0)),  # the 8 rows holding the token
             pl.BlockSpec((None, None, H, bi), lambda p, j, e, t, l: (l[0], e[p], 0, j)),
             pl.BlockSpec((None, None, H, bi), lambda p, j, e, t, l: (l[0], e[p], 0, j)),
             pl.BlockSpec((None, None, bi, H), lambda p, j, e, t, l: (l[0], e[p], j, 0)),
         ],
         out_specs=pl.BlockSpec((None, 1, H), lambda p, j, e, t, l: (p, 0, 0)),
-        scratch_shapes=[pltpu.VMEM((rows, H), _F32)],
+        scratch_shapes=[pltpu.VMEM((_ROWS, H), _F32)],
     )
     itemsize = jnp.dtype(gate_LxExHxI.dtype).itemsize
-    cost = pl.CostEstimate(flops=P * 6 * rows * H * I, transcendentals=P * rows * I,
-                           bytes_accessed=P * 3 * H * I * itemsize + rows * H * 4 + P * H * 4)
+    cost = pl.CostEstimate(flops=P * 6 * _ROWS * H * I, transcendentals=P * _ROWS * I,
+                           bytes_accessed=P * (3 * H * I * itemsize + _ROWS * H * x_NxH.dtype.itemsize + H * 4))
     out_Px1xH = pl.pallas_call(
         _kernel,
         grid_spec=grid_spec,
@@ -90,7 +92,7 @@ def _kernel(expert_ref, token_ref, layer_ref, x_ref, gate_ref, up_ref, down_ref,
 
     @pl.when(j == pl.num_programs(1) - 1)
     def _():
-        row = jax.lax.broadcasted_iota(jnp.int32, acc_ref.shape, 0) == token_ref[p]
+        row = jax.lax.broadcasted_iota(jnp.int32, acc_ref.shape, 0) == token_ref[p] % _ROWS
         out_ref[...] = jnp.sum(jnp.where(row, acc_ref[...], 0.0), axis=0, keepdims=True)
 
 

@@ -19,7 +19,14 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")  # a single-host topology; silences libtpu's probe
 
 import argparse  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
+
+# the optimised HLO of every compile lands here, for the trip-counted byte count (bench/hlo_bytes.py)
+DUMP_DIR = os.environ.setdefault("MERCURY_HLO_DUMP", tempfile.mkdtemp(prefix="rollout_aot_hlo_"))
+if "--xla_dump_to" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={DUMP_DIR} --xla_dump_hlo_as_text"
+                               " --xla_dump_hlo_module_re=.*traced_on_mesh.*").strip()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -28,6 +35,7 @@ from flax import nnx  # noqa: E402
 from jax.experimental import topologies  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding  # noqa: E402
 
+from mercury_jax.bench.hlo_bytes import entry_transfers, module_bytes, optimised_module_text  # noqa: E402
 from mercury_jax.bench.report import V5P_HBM_BYTES_PER_S, cost_and_roofline, markdown_table, write_section  # noqa: E402
 from mercury_jax.parallel import make_mesh, variable_sharding  # noqa: E402
 from mercury_jax.rollout.layout import rollout_dtype, row_shardings, state_shardings  # noqa: E402
@@ -140,38 +148,51 @@ def main():
     if args.prefill_tokens:
         inputs = prefill_inputs(args.prefill_tokens, NamedSharding(mesh, PartitionSpec()))
         programs["prefill"] = lambda: prefill_row.lower(params, row_shapes, *inputs)
-    rows, decode_step_s = [], None
+    rows, decode_step_s, decode_counts = [], None, None
     for name, lower in programs.items():
-        start = time.perf_counter()
+        start, started = time.perf_counter(), time.time()
         try:
             compiled = lower().compile()
         except Exception as error:  # a refused compile (e.g. over HBM) is a result, reported in the table
             message = " ".join(str(error).split())[:300]
             print(f"{name}: FAILED: {type(error).__name__}: {message}", flush=True)
-            rows.append([name, f"failed: {type(error).__name__}: {message}"] + [""] * 6)
+            rows.append([name, f"failed: {type(error).__name__}: {message}"] + [""] * 7)
             continue
         seconds = time.perf_counter() - start
         memory = compiled.memory_analysis()
         total = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
                  - memory.alias_size_in_bytes)
         flops, nbytes, roofline_s, bound = cost_and_roofline(compiled)
-        if name == "decode":  # XLA counts the decode loop's body once: the weights + state a step must read
+        text = optimised_module_text(DUMP_DIR, started)
+        outside = sum(b for _, _, b in entry_transfers(text, 16 * 2 ** 20))
+        if name == "decode":  # XLA counts the decode loop's body once: count the HLO by trip counts instead
             must_read = decode_read_bytes(params, state, PRESETS[args.preset](), slots)
-            decode_step_s = max(nbytes / args.steps, must_read) / V5P_HBM_BYTES_PER_S
+            one_step_start = time.time()
+            decode.lower(params, state, 1).compile()
+            one_step = module_bytes(optimised_module_text(DUMP_DIR, one_step_start))
+            counted = (module_bytes(text) - one_step) / (args.steps - 1)
+            decode_counts = (counted, must_read, outside)
+            decode_step_s = max(counted, must_read) / V5P_HBM_BYTES_PER_S
         rows.append([name, f"{memory.argument_size_in_bytes / GIB:.2f}", f"{memory.temp_size_in_bytes / GIB:.2f}",
                      f"{total / GIB:.2f}", f"{seconds:.0f}", f"{flops / 1e12:.3f}", f"{nbytes / GIB:.2f}",
-                     f"{roofline_s * 1e3:.1f} ({bound})"])
+                     f"{roofline_s * 1e3:.1f} ({bound})", f"{outside / GIB:.2f}"])
         print(rows[-1], flush=True)
     headers = ["program", "arguments GiB/chip", "temp GiB/chip", "total GiB/chip", "compile s", "TFLOP/chip",
-               "GiB accessed/chip", "roofline ms (bound)"]
+               "GiB accessed/chip", "roofline ms (bound)", "copies + collectives outside loops GiB"]
     table = markdown_table(headers, rows)
     estimate = ""
     if decode_step_s:
         group_tps = replicas * slots / decode_step_s
-        estimate = (f"Decode roofline: {decode_step_s * 1e3:.2f} ms per step (the HBM bytes a step must read over the "
-                    f"HBM bandwidth: the weights but the embedding table and the routed experts, the expected share "
-                    f"of distinct experts {slots} tokens hit, the decode state; XLA's bytes accessed count the "
-                    f"{args.steps}-step loop's body once), so "
+        counted, must_read, outside = decode_counts
+        estimate = (f"Decode bytes per step: {counted / GIB:.2f} GiB per chip counted in the compiled program "
+                    f"(`bench/hlo_bytes.py`: the optimised HLO with every loop by its trip count, the {args.steps}-"
+                    f"step compile minus a 1-step compile, over {args.steps - 1}), against {must_read / GIB:.2f} GiB "
+                    f"a step must read (the weights but the embedding table and the routed experts, the expected "
+                    f"share of distinct experts {slots} tokens hit, the decode state): {counted / must_read:.2f}x. "
+                    f"Outside its loops the decode program copies or moves {outside / GIB:.2f} GiB per call "
+                    f"(arrays of 16 MiB or more). "
+                    f"Decode roofline: {decode_step_s * 1e3:.2f} ms per step (the larger of the two over the HBM "
+                    f"bandwidth), so "
                     f"{slots / decode_step_s:,.0f} tokens/s per replica and {group_tps:,.0f} tokens/s for the group "
                     f"of {args.group_chips} chips with every slot busy: an upper bound (no overlap losses, no "
                     f"prefills, no host sync between chunks).")

@@ -1,0 +1,275 @@
+"""HBM bytes a compiled program moves, counted from its optimised HLO text with every loop's trip count.
+
+XLA's `cost_analysis()` counts a while loop's body once, and a decode chunk is loops all the way down (decode
+steps, then layers), so its "bytes accessed" says little about a step. This counter walks the optimised module
+(XLA's `--xla_dump_to` text; `compiled.as_text()` fails on TPU executables with async ops) and charges:
+
+    fusion          its output (the update only, for an in-place dynamic-update-slice or scatter root) + per
+                    operand what the fused code reads of it: the slices, for an operand only dynamic-sliced /
+                    gathered inside, nothing for the buffer an in-place update writes into, else the whole operand
+    while           (body + condition) x trip count (the condition's `compare(i, constant)` bound)
+    call, conditional, async collectives' wrapped computations: their bodies (a conditional: its largest branch)
+    Pallas (Mosaic) calls: the bytes their `pl.CostEstimate` declares (what the kernel's blocks read and write)
+    copy, collectives, other custom calls, unfused ops: operands + output
+    parameter, constant, tuple, get-tuple-element, bitcast, *-done: nothing
+    arrays in another memory space (`S(1)`: XLA's prefetches into on-chip memory): nothing (their HBM side counts)
+
+An estimate of the same kind as XLA's (what each kernel reads and writes from HBM, no cache reuse), stated here so
+a figure can be traced. `entry_transfers` lists the big copies and collectives outside every loop: a decode chunk
+that re-lays its cache out before or after its step loop shows them there.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import re
+
+DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
+               "s64": 8, "u64": 8, "f64": 8, "f8e4m3fn": 1, "f8e5m2": 1, "s4": 1, "u4": 1}
+_SHAPE = re.compile(r"\b(" + "|".join(DTYPE_BYTES) + r")\[([\d,]*)\](\{[^}]*\})?")
+_FREE = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "after-all", "partition-id",
+         "replica-id", "iota", "copy-done", "all-gather-done", "all-reduce-done", "collective-permute-done",
+         "async-done", "async-update", "send-done", "recv-done", "opt-barrier"}
+_IN_PLACE = ("dynamic-update-slice", "scatter")  # a fusion rooted so writes into its operand 0's buffer
+_TRANSFERS = ("copy", "copy-start", "all-gather", "all-gather-start", "all-reduce", "all-reduce-start",
+              "collective-permute", "collective-permute-start", "reduce-scatter", "all-to-all")
+
+
+def shape_bytes(text: str) -> int:
+    """HBM bytes of every array shape in `text` (a shape or a tuple of shapes; arrays laid out in another memory
+    space, `S(n)`, n > 0, do not count)."""
+    total = 0
+    for dtype, dims, layout in _SHAPE.findall(text):
+        if re.search(r"S\([1-9]\)", layout):  # an on-chip memory space (a prefetch into VMEM), not HBM
+            continue
+        n = 1
+        for d in dims.split(","):
+            if d:
+                n *= int(d)
+        total += n * DTYPE_BYTES[dtype]
+    return total
+
+
+@dataclasses.dataclass
+class Instruction:
+    name: str
+    opcode: str
+    result_bytes: int
+    operands: list[str]
+    attributes: str
+    is_root: bool
+    arguments: str = ""  # the raw text between the opcode's parentheses
+
+
+@dataclasses.dataclass
+class Computation:
+    name: str
+    instructions: list[Instruction]
+
+    def by_name(self) -> dict[str, Instruction]:
+        return {i.name: i for i in self.instructions}
+
+
+_INSTRUCTION = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
+
+
+def _split_result(rhs: str) -> tuple[str, str]:
+    """(result shape text, the rest starting at the opcode) of an instruction's right-hand side."""
+    if rhs.startswith("("):
+        depth = 0
+        for i, ch in enumerate(rhs):
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth == 0:
+                return rhs[:i + 1], rhs[i + 1:].lstrip()
+    shape, _, rest = rhs.partition(" ")
+    return shape, rest
+
+
+def _parse_instruction(line: str) -> Instruction | None:
+    match = _INSTRUCTION.match(line)
+    if not match:
+        return None
+    root, name, rhs = match.groups()
+    shape, rest = _split_result(rhs)
+    opcode_match = re.match(r"([\w\-]+)\(", rest)
+    if not opcode_match:
+        return None
+    opcode = opcode_match.group(1)
+    depth, start = 0, opcode_match.end() - 1
+    end = start
+    for end in range(start, len(rest)):
+        depth += rest[end] == "("
+        depth -= rest[end] == ")"
+        if depth == 0:
+            break
+    operands = re.findall(r"%([\w.\-]+)", rest[start:end + 1])
+    return Instruction(name, opcode, shape_bytes(shape), operands, rest[end + 1:], bool(root),
+                       rest[start + 1:end])
+
+
+def parse_module(text: str) -> tuple[dict[str, Computation], str]:
+    """({computation name: Computation}, the entry computation's name) of an HLO module's text."""
+    computations, entry, current = {}, None, None
+    for line in text.splitlines():
+        header = re.match(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\{\s*$", line)
+        if header and not line.startswith(" "):
+            current = Computation(header.group(2), [])
+            computations[current.name] = current
+            if header.group(1):
+                entry = current.name
+            continue
+        if line.startswith("}"):
+            current = None
+            continue
+        if current is not None:
+            instruction = _parse_instruction(line)
+            if instruction is not None:
+                current.instructions.append(instruction)
+    if entry is None:
+        raise ValueError("no ENTRY computation in this HLO text")
+    return computations, entry
+
+
+def _called(attributes: str, key: str) -> list[str]:
+    match = re.search(key + r"=\{?([^},]+(?:,\s*%[\w.\-]+)*)\}?", attributes)
+    return re.findall(r"%?([\w.\-]+)", match.group(1)) if match else []
+
+
+class ByteCounter:
+    """Bytes moved by the computations of one parsed module (`parse_module`); `constants` the integer scalar
+    constants by name (`scalar_constants`), for the loops' trip counts."""
+
+    def __init__(self, computations: dict[str, Computation], constants: dict[str, int]):
+        self.computations, self.constants = computations, constants
+        self._memo: dict[str, int] = {}
+
+    def trip_count(self, condition: str) -> int:
+        """The bound n of a `while` condition whose root compares the counter with `constant(n)` (1 when it does
+        not)."""
+        for i in self.computations[condition].instructions:
+            if i.is_root and i.opcode == "compare":
+                bounds = [self.constants[o] for o in i.operands if o in self.constants]
+                if bounds:
+                    return bounds[0]
+        return 1
+
+    def computation_bytes(self, name: str) -> int:
+        if name not in self._memo:
+            comp = self.computations[name]
+            shapes = comp.by_name()
+            self._memo[name] = sum(self.instruction_bytes(i, shapes) for i in comp.instructions)
+        return self._memo[name]
+
+    def instruction_bytes(self, i: Instruction, shapes: dict[str, Instruction]) -> int:
+        operand_bytes = [shapes[o].result_bytes if o in shapes else 0 for o in i.operands]
+        if i.opcode in _FREE:
+            return 0
+        if i.opcode == "while":
+            body, condition = _called(i.attributes, "body")[0], _called(i.attributes, "condition")[0]
+            trips = self.trip_count(condition)
+            return trips * (self.computation_bytes(body) + self.computation_bytes(condition))
+        if i.opcode in ("call", "async-start"):
+            return sum(self.computation_bytes(c) for c in _called(i.attributes, "to_apply")
+                       + _called(i.attributes, "calls"))
+        if i.opcode == "conditional":
+            branches = _called(i.attributes, "branch_computations") or (
+                _called(i.attributes, "true_computation") + _called(i.attributes, "false_computation"))
+            return max((self.computation_bytes(b) for b in branches), default=0)
+        if i.opcode == "fusion":
+            return self.fusion_bytes(i, operand_bytes)
+        declared = re.search(r'"cost_estimate":\{[^}]*"bytes_accessed":"(\d+)"', i.attributes)
+        if i.opcode == "custom-call" and declared:  # a Pallas kernel: the bytes its CostEstimate declares
+            return int(declared.group(1))
+        if i.opcode == "dynamic-slice":
+            return 2 * i.result_bytes
+        if i.opcode == "dynamic-update-slice":
+            return 2 * (operand_bytes[1] if len(operand_bytes) > 1 else i.result_bytes)
+        return i.result_bytes + sum(operand_bytes)
+
+    def fusion_bytes(self, i: Instruction, operand_bytes: list[int]) -> int:
+        called = _called(i.attributes, "calls")
+        if not called or called[0] not in self.computations:
+            return i.result_bytes + sum(operand_bytes)
+        fused = self.computations[called[0]]
+        root = next((inst for inst in fused.instructions if inst.is_root), None)
+        roots = [root] if root is not None and root.opcode != "tuple" else [
+            fused.by_name()[o] for o in (root.operands if root is not None else [])]
+        in_place = {r.operands[0] for r in roots if r.opcode in _IN_PLACE}
+        written = sum(self._update_bytes(r, fused) if r.opcode in _IN_PLACE else r.result_bytes
+                      for r in roots) if roots else i.result_bytes
+        read = 0
+        for name, index in _parameters(fused).items():
+            whole = operand_bytes[index] if index < len(operand_bytes) else 0
+            read += self._read_of_parameter(fused, name, whole, in_place)
+        return written + read
+
+    def _read_of_parameter(self, fused: Computation, name: str, whole: int, in_place=frozenset()) -> int:
+        """Bytes a fused computation reads of its parameter `name` (`whole` bytes): the slices and gathers taken
+        of it, through nested fusions; nothing when only an in-place update writes into it; else all of it."""
+        uses = [(u, pos) for u in fused.instructions for pos, o in enumerate(u.operands) if o == name]
+        if name in in_place and all(u.opcode in _IN_PLACE and pos == 0 for u, pos in uses):
+            return 0
+        read = 0
+        for use, pos in uses:
+            if name in in_place and use.opcode in _IN_PLACE and pos == 0:
+                continue  # the buffer the update writes into: its written part counts as the fusion's output
+            if use.opcode in ("dynamic-slice", "gather", "slice") and pos == 0:
+                read += use.result_bytes
+            elif use.opcode == "fusion" and _called(use.attributes, "calls"):
+                nested = self.computations.get(_called(use.attributes, "calls")[0])
+                inner = {index: inner_name for inner_name, index in _parameters(nested).items()} if nested else {}
+                read += self._read_of_parameter(nested, inner[pos], whole) if pos in inner else whole
+            else:
+                return whole
+        return min(read, whole)
+
+    @staticmethod
+    def _update_bytes(root: Instruction, fused: Computation) -> int:
+        """Bytes an in-place root writes: a dynamic-update-slice its update (operand 1), a scatter its updates
+        (the last operand)."""
+        shapes = fused.by_name()
+        update = root.operands[1] if root.opcode == "dynamic-update-slice" else root.operands[-1]
+        return shapes[update].result_bytes if update in shapes else 0
+
+
+def _parameters(comp: Computation) -> dict[str, int]:
+    """{parameter name: its operand index} of a computation."""
+    found = {}
+    for inst in comp.instructions:
+        if inst.opcode == "parameter":
+            found[inst.name] = int(inst.arguments)
+    return found
+
+
+def scalar_constants(text: str) -> dict[str, int]:
+    """{name: value} of the s32 scalar constants in an HLO module's text."""
+    return {name: int(value) for name, value in re.findall(r"%([\w.\-]+) = s32\[\]\S* constant\((-?\d+)\)", text)}
+
+
+def module_bytes(text: str) -> int:
+    """Bytes moved by one run of the HLO module `text` (its entry computation, loops by their trip counts)."""
+    computations, entry = parse_module(text)
+    return ByteCounter(computations, scalar_constants(text)).computation_bytes(entry)
+
+
+def entry_transfers(text: str, min_bytes: int) -> list[tuple[str, str, int]]:
+    """(name, opcode, result bytes) of the copies and collectives of at least `min_bytes` in the entry computation
+    (outside every loop) and of the fusions there that slice or gather from a loop-carried buffer."""
+    computations, entry = parse_module(text)
+    found = []
+    for i in computations[entry].instructions:
+        if i.result_bytes >= min_bytes and (i.opcode in _TRANSFERS or i.opcode == "fusion"):
+            found.append((i.name, i.opcode, i.result_bytes))
+    return found
+
+
+def optimised_module_text(dump_dir: str, since: float) -> str:
+    """The text of the largest optimised HLO module XLA dumped into `dump_dir` after time `since` (the program
+    just compiled; small helper modules, like a top-k, are dumped beside it)."""
+    paths = [p for p in glob.glob(os.path.join(dump_dir, "*after_optimizations.txt")) if os.path.getmtime(p) >= since]
+    if not paths:
+        raise FileNotFoundError(f"no optimised HLO module was dumped into {dump_dir}; is XLA_FLAGS=--xla_dump_to "
+                                f"set before jax starts?")
+    return open(max(paths, key=os.path.getsize)).read()
