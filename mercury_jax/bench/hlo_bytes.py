@@ -24,6 +24,7 @@ import dataclasses
 import glob
 import os
 import re
+import tempfile
 
 DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
                "s64": 8, "u64": 8, "f64": 8, "f8e4m3fn": 1, "f8e5m2": 1, "s4": 1, "u4": 1}
@@ -273,3 +274,25 @@ def optimised_module_text(dump_dir: str, since: float) -> str:
         raise FileNotFoundError(f"no optimised HLO module was dumped into {dump_dir}; is XLA_FLAGS=--xla_dump_to "
                                 f"set before jax starts?")
     return open(max(paths, key=os.path.getsize)).read()
+
+
+def dump_optimised_hlo(module_re: str = ".*traced_on_mesh.*") -> str:
+    """Have XLA dump the optimised HLO text of every compiled module matching `module_re` into a fresh temporary
+    folder (unless XLA_FLAGS already names one), and return the folder. Call before jax starts its backend (XLA
+    reads the flags then); afterwards nothing is dumped and `counted_bytes` returns None."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    existing = re.search(r"--xla_dump_to=(\S+)", flags)
+    if existing:
+        return existing.group(1)
+    folder = tempfile.mkdtemp(prefix="mercury_hlo_")
+    os.environ["XLA_FLAGS"] = (flags + f" --xla_dump_to={folder} --xla_dump_hlo_as_text"
+                               f" --xla_dump_hlo_module_re={module_re}").strip()
+    return folder
+
+
+def counted_bytes(dump_dir: str, since: float) -> int | None:
+    """`module_bytes` of the program compiled last (`optimised_module_text`), None when nothing was dumped."""
+    try:
+        return module_bytes(optimised_module_text(dump_dir, since))
+    except FileNotFoundError:
+        return None

@@ -20,9 +20,11 @@ decode step must read (the weights a step touches: all but the routed experts, t
 routed experts, the decode state). XLA's cost analysis counts a while loop's body once (checked on a `lax.scan`:
 one iteration's FLOPs), and every learner step and decode chunk is a loop (layers, micro-batches, decode steps),
 so its figures are shown but the roofline time is the largest of the lower bounds: max(XLA FLOPs, model FLOPs) /
-peak and max(XLA bytes, decode bytes) / HBM bandwidth. The step estimate and the model FLOP utilisation follow
-from those rooflines and the counts of each program per step (printed with the derivation). Exit status 1 names every
-program over the threshold or refused by the compiler.
+peak and max(XLA bytes, decode bytes) / HBM bandwidth. The decode chunk's bytes are also counted in its optimised
+HLO with every loop by its trip count (`hlo_bytes.py`: the chunk minus a 1-step compile, per step, times the
+steps), what the compiled program moves rather than what it must; the roofline takes the larger. The step
+estimate and the model FLOP utilisation follow from those rooflines and the counts of each program per step
+(printed with the derivation). Exit status 1 names every program over the threshold or refused by the compiler.
 """
 from __future__ import annotations
 
@@ -30,6 +32,11 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")  # a single-host topology; silences libtpu's probe
+
+from mercury_jax.bench.hlo_bytes import counted_bytes, dump_optimised_hlo  # noqa: E402, I001
+
+# before jax starts: the optimised HLO of the programs compiled on a mesh, for the decode's trip-counted bytes
+DUMP_DIR = dump_optimised_hlo()
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
@@ -95,6 +102,8 @@ class Program:
     group_chips: int = 1            # chips running it (the roofline is per chip; the group works in parallel)
     role: str = ""                  # whose device group it runs on (other roles sharing those devices add residency)
     counted: tuple = ()             # roles whose arrays `resident_bytes` already holds
+    one_step_lower: Callable | None = None  # a loop program's 1-trip version: the difference counts the loop's bytes
+    steps: int = 1                  # trips of that loop per run
 
 
 @dataclasses.dataclass
@@ -106,6 +115,7 @@ class Result:
     compile_s: float = math.nan
     flops: float = math.nan         # XLA's, per chip
     bytes_accessed: float = math.nan
+    counted_bytes: float = math.nan  # per chip per run, counted in the optimised HLO by trip counts (hlo_bytes.py)
     error: str = ""
 
     @property
@@ -118,7 +128,8 @@ class Result:
         p = self.program
         return {"XLA FLOPs": self.flops / V5P_PEAK_FLOPS, "XLA bytes": self.bytes_accessed / V5P_HBM_BYTES_PER_S,
                 "model FLOPs": p.model_flops / p.group_chips / V5P_PEAK_FLOPS,
-                "weights + state bytes": p.model_bytes / V5P_HBM_BYTES_PER_S}
+                "weights + state bytes": p.model_bytes / V5P_HBM_BYTES_PER_S,
+                "counted bytes": self.counted_bytes / V5P_HBM_BYTES_PER_S}
 
     @property
     def roofline_s(self) -> float:
@@ -196,7 +207,7 @@ def rollout_programs(config, cfg, meshes: dict, *, async_mode: bool) -> tuple[li
     programs = [
         Program("rollout decode", where, lambda: decode.lower(params, decode_state, steps), other, other_note,
                 model_flops=per_token * slots * steps, model_bytes=step_bytes * steps, group_chips=chips,
-                role="rollout"),
+                role="rollout", one_step_lower=lambda: decode.lower(params, decode_state, 1), steps=steps),
         Program("rollout prefill", where, lambda: prefill_row.lower(params, row_shapes, *inputs),
                 per_chip_bytes(decode_state) + other, "the engine's decode state" + (f" + {other_note}" if other
                                                                                    else ""),
@@ -325,7 +336,7 @@ def add_shared_residency(programs: list[Program], meshes: dict, persistent: dict
 
 def compile_program(program: Program) -> Result:
     result = Result(program)
-    start = time.perf_counter()
+    start, started = time.perf_counter(), time.time()
     try:
         compiled = program.lower().compile()
     except Exception as error:  # a refused compile (temporaries over HBM) is a result: reported and failed
@@ -343,6 +354,13 @@ def compile_program(program: Program) -> Result:
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     result.flops = float(cost.get("flops", math.nan)) if cost else math.nan
     result.bytes_accessed = float(cost.get("bytes accessed", math.nan)) if cost else math.nan
+    if program.one_step_lower is not None and program.steps > 1:
+        whole = counted_bytes(DUMP_DIR, started)
+        one_step_start = time.time()
+        program.one_step_lower().compile()
+        one = counted_bytes(DUMP_DIR, one_step_start)
+        if whole is not None and one is not None:  # None: jax started before the dump was set up (tests)
+            result.counted_bytes = (whole - one) / (program.steps - 1) * program.steps
     return result
 
 
@@ -422,7 +440,7 @@ def table(results: list[Result], hbm_bytes: float, headroom: float) -> str:
     for r in results:
         p = r.program
         if r.error:
-            rows.append([p.name, p.chips, "refused", "", "", "", "", f"{r.compile_s:.0f}", "", "", "", "", "",
+            rows.append([p.name, p.chips, "refused", "", "", "", "", f"{r.compile_s:.0f}", "", "", "", "", "", "",
                          r.error[:80]])
             continue
         fits = "fits" if r.peak <= headroom * hbm_bytes else "**over**"
@@ -431,10 +449,11 @@ def table(results: list[Result], hbm_bytes: float, headroom: float) -> str:
                      f"{p.resident_bytes / GIB:.2f}", f"{r.peak / GIB:.2f} ({r.peak / hbm_bytes:.0%}, {fits})",
                      f"{r.compile_s:.0f}", f"{r.flops / 1e12:.3f}", f"{p.model_flops / p.group_chips / 1e12:.3f}",
                      f"{ratio:.2f}", f"{r.bytes_accessed / GIB:.2f}", f"{p.model_bytes / GIB:.2f}" if p.model_bytes
-                     else "", f"{r.roofline_s * 1e3:.2f} ({r.bound})"])
+                     else "", f"{r.counted_bytes / GIB:.2f}" if r.counted_bytes == r.counted_bytes else "",
+                     f"{r.roofline_s * 1e3:.2f} ({r.bound})"])
     headers = ["program", "chips", "arguments GiB/chip", "temp GiB/chip", "program GiB/chip", "resident GiB/chip",
                "peak GiB/chip (of HBM)", "compile s", "XLA TFLOP/chip", "model TFLOP/chip", "XLA / model FLOPs",
-               "XLA GiB accessed/chip", "must-read GiB/chip", "roofline ms (bound)"]
+               "XLA GiB accessed/chip", "must-read GiB/chip", "counted GiB/chip", "roofline ms (bound)"]
     notes = [f"- {r.program.name}: resident = {r.program.resident_note}" for r in results if r.program.resident_note]
     return markdown_table(headers, rows) + ("\n\n" + "\n".join(notes) if notes else "")
 

@@ -19,14 +19,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")  # a single-host topology; silences libtpu's probe
 
 import argparse  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
 
-# the optimised HLO of every compile lands here, for the trip-counted byte count (bench/hlo_bytes.py)
-DUMP_DIR = os.environ.setdefault("MERCURY_HLO_DUMP", tempfile.mkdtemp(prefix="rollout_aot_hlo_"))
-if "--xla_dump_to" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={DUMP_DIR} --xla_dump_hlo_as_text"
-                               " --xla_dump_hlo_module_re=.*traced_on_mesh.*").strip()
+from mercury_jax.bench.hlo_bytes import dump_optimised_hlo, entry_transfers, module_bytes, optimised_module_text  # noqa: E402, I001
+
+# the optimised HLO of every compile on a mesh lands here, for the trip-counted byte count (bench/hlo_bytes.py)
+DUMP_DIR = dump_optimised_hlo()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -35,7 +33,6 @@ from flax import nnx  # noqa: E402
 from jax.experimental import topologies  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding  # noqa: E402
 
-from mercury_jax.bench.hlo_bytes import entry_transfers, module_bytes, optimised_module_text  # noqa: E402
 from mercury_jax.bench.report import V5P_HBM_BYTES_PER_S, cost_and_roofline, markdown_table, write_section  # noqa: E402
 from mercury_jax.parallel import make_mesh, variable_sharding  # noqa: E402
 from mercury_jax.rollout.layout import rollout_dtype, row_shardings, state_shardings  # noqa: E402
