@@ -10,8 +10,9 @@ consecutive picks of one expert (sorted) reuse the block already in VMEM when th
 decode's must-read estimate counts. Each step takes the 8 token rows holding its pick's token (N padded to a
 multiple of 8), computes all 8 (MXU-shaped [8, H] x [H, bi] products: a decode step is bound by the weight reads,
 not these FLOPs), accumulates [8, H] f32 over j in a scratch, and at the last j writes its token's row. The
-k-weighted sum over a token's picks (tiny: [N K, H]) is done outside, in XLA. The declared cost counts every pick's
-weight tiles (an upper bound: repeated experts are not re-read when consecutive).
+k-weighted sum over a token's picks (tiny: [N K, H]) is done outside, in XLA. The declared cost counts the weight
+tiles of the expected number of distinct experts P picks hit, E (1 - (1 - 1/E)^P) (uniform routing, the decode
+must-read estimate's assumption; every pick's tiles when the intermediate dim takes several tiles).
 
 VMEM per step (H = 2048, bi = 128, bf16 weights): 3 weight tiles x 512 KiB, double-buffered 3 MiB; the rows and
 the accumulator 2 x 64 KiB. On a non-TPU backend the kernel runs in Pallas interpret mode.
@@ -61,8 +62,11 @@ def pallas_picked_experts(x_NxH: jax.Array, expert_NxK: jax.Array, weight_NxK: j
         scratch_shapes=[pltpu.VMEM((_ROWS, H), _F32)],
     )
     itemsize = jnp.dtype(gate_LxExHxI.dtype).itemsize
+    E = gate_LxExHxI.shape[1]
+    fetched = E * (1 - (1 - 1 / E) ** P) if J == 1 else P  # one fetch per run of equal (sorted) experts
     cost = pl.CostEstimate(flops=P * 6 * _ROWS * H * I, transcendentals=P * _ROWS * I,
-                           bytes_accessed=P * (3 * H * I * itemsize + _ROWS * H * x_NxH.dtype.itemsize + H * 4))
+                           bytes_accessed=int(fetched * 3 * H * I * itemsize
+                                              + P * (_ROWS * H * x_NxH.dtype.itemsize + H * 4)))
     out_Px1xH = pl.pallas_call(
         _kernel,
         grid_spec=grid_spec,
