@@ -13,7 +13,8 @@ to the new tokens up to its own. Each chip computes, for every query head, over 
     m = max_c m_c,   l = sum_c exp(m_c - m) l_c,   o = sum_c exp(m_c - m) o_c
 
 (`pmax`, then `psum` of l and a reduce-scatter of o over the query heads when they divide the axis, else `psum`),
-and the new tokens (every chip holds them, counted once) join that sum the same way; out = o / l. Then each chip
+and the new tokens (every chip holds them) join that sum the same way, each chip scoring them for its own query
+heads only (a long prefill's [T, T] scores split over the chips); out = o / l. Then each chip
 writes the new keys/values whose positions fall in its span (a scatter of T rows; the others drop them). The cache
 is read before it is written, straight from the buffer the decode loop carries. The whole query (every head) goes
 to every chip: [B, T, N, D], small next to the cache. Each chip reads S/t of the cache per step instead of S, and
@@ -93,28 +94,34 @@ def split_kv_cached_attention(query_BxTxNxD: jax.Array, key_BxTxKxD: jax.Array, 
             ((start + jnp.arange(s))[None, :] < query_index[:, :1])[:, None, :], (b, T, s))
         old_max, old_norm, old_out = _partial_softmax(q_BxTxKxGxD, old_keys.astype(dt), old_values.astype(dt),
                                                       old_visible_BxTxS)
+        heads = lambda x_BxKxGxT: jnp.moveaxis(x_BxKxGxT, -1, 1).reshape(b, T, -1)  # noqa: E731  -> [b, T, heads]
         total_max = jax.lax.pmax(old_max, axis)
         rescale = _rescale(old_max, total_max)
-        old_norm = jax.lax.psum(old_norm * rescale, axis)
+        old_norm_BxTxN = heads(jax.lax.psum(old_norm * rescale, axis))
         old_out_BxTxNxD = (old_out * jnp.moveaxis(rescale, -1, 1)[..., None]).reshape(b, T, N, D)
+        total_max_BxTxN = heads(total_max)
         new_visible_BxTxT = ((jnp.arange(T)[:, None] >= jnp.arange(T)[None, :])[None]
                              & (write_index < S)[:, None, :])
-        new_max, new_norm, new_out = _partial_softmax(q_BxTxKxGxD, key.astype(dt), value.astype(dt),
-                                                      new_visible_BxTxT)
-        both_max = jnp.maximum(total_max, new_max)
-        old_scale, new_scale = _rescale(total_max, both_max), _rescale(new_max, both_max)
-        norm_BxTxN = jnp.moveaxis(old_norm * old_scale + new_norm * new_scale, -1, 1).reshape(b, T, N)
-        old_scale_BxTxN = jnp.moveaxis(old_scale, -1, 1).reshape(b, T, N)
-        new_out_BxTxNxD = (new_out * jnp.moveaxis(new_scale, -1, 1)[..., None]).reshape(b, T, N, D)
-        if scatter_heads:
+        if scatter_heads:  # this chip's n query heads from here on: the new tokens' scores for those heads only
             n = N // t
-            own = lambda x: jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index(axis) * n, n, axis=2)  # noqa: E731
+            first = jax.lax.axis_index(axis) * n
+            own = lambda x: jax.lax.dynamic_slice_in_dim(x, first, n, axis=2)  # noqa: E731
             out_BxTxNxD = jax.lax.psum_scatter(old_out_BxTxNxD, axis, scatter_dimension=2, tiled=True)
-            norm_BxTxN, old_scale_BxTxN, new_out_BxTxNxD = own(norm_BxTxN), own(old_scale_BxTxN), own(
-                new_out_BxTxNxD)
+            old_norm_BxTxN, total_max_BxTxN = own(old_norm_BxTxN), own(total_max_BxTxN)
+            kv_head_n = (first + jnp.arange(n)) // G
+            new_max, new_norm, new_out = _partial_softmax(
+                own(query)[:, :, :, None], jnp.take(key, kv_head_n, axis=2).astype(dt),
+                jnp.take(value, kv_head_n, axis=2).astype(dt), new_visible_BxTxT)
         else:
             out_BxTxNxD = jax.lax.psum(old_out_BxTxNxD, axis)
-        out_BxTxNxD = out_BxTxNxD * old_scale_BxTxN[..., None] + new_out_BxTxNxD
+            new_max, new_norm, new_out = _partial_softmax(q_BxTxKxGxD, key.astype(dt), value.astype(dt),
+                                                          new_visible_BxTxT)
+        new_max_BxTxN, new_norm_BxTxN = heads(new_max), heads(new_norm)
+        new_out_BxTxNxD = new_out.reshape(*new_max_BxTxN.shape, D)
+        both_max = jnp.maximum(total_max_BxTxN, new_max_BxTxN)
+        old_scale, new_scale = _rescale(total_max_BxTxN, both_max), _rescale(new_max_BxTxN, both_max)
+        norm_BxTxN = old_norm_BxTxN * old_scale + new_norm_BxTxN * new_scale
+        out_BxTxNxD = out_BxTxNxD * old_scale[..., None] + new_out_BxTxNxD * new_scale[..., None]
         out_BxTxNxD = out_BxTxNxD / jnp.maximum(norm_BxTxN, jnp.finfo(jnp.float32).tiny)[..., None]
 
         local_write = write_index - start
