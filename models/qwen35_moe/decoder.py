@@ -18,7 +18,7 @@ from models.qwen35_moe.attention import Attention
 from models.qwen35_moe.config import FULL_ATTENTION, Qwen35MoeConfig
 from models.qwen35_moe.gated_deltanet import GatedDeltaNet
 from models.qwen35_moe.moe import SparseMoe
-from models.qwen35_moe.moe_picked import picks_fewer_than_experts
+from models.qwen35_moe.moe_picked import reads_picked_experts
 from models.qwen35_moe.norms import RMSNorm
 
 # Named residuals (`checkpoint_name`) a policy may keep: each layer's input, and the MoE's input (the mixer's output
@@ -94,7 +94,7 @@ def apply_block_stack(blocks: DecoderBlock, x_BxTxH, *, caches, remat_policy: st
     """Scan the stacked block over its leading axis; caches (if any) are stacked the same way."""
     graphdef, state = nnx.split(blocks)
     B, T = x_BxTxH.shape[:2]
-    gather_from_stacks = caches is not None and picks_fewer_than_experts(B * T, blocks.layers[0].moe.config)
+    gather_from_stacks = caches is not None and reads_picked_experts(B * T, blocks.layers[0].moe.config)
     # a decode step picks a few experts: gather them from the whole [L, E, ...] stacks by (layer, expert), so the
     # scan never copies a layer's slice of every expert out of the stack (XLA cannot fuse that slice into a gather)
     stacks = [(layer["moe"]["expert_gate"][...], layer["moe"]["expert_up"][...], layer["moe"]["expert_down"][...])

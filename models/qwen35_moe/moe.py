@@ -19,7 +19,7 @@ from flax import nnx
 
 from models.qwen35_moe.config import Qwen35MoeConfig
 from models.qwen35_moe.moe_ep import ep_moe
-from models.qwen35_moe.moe_picked import picked_experts, picks_fewer_than_experts
+from models.qwen35_moe.moe_picked import picked_experts, reads_picked_experts
 from models.qwen35_moe.params import cast, make_param, normal_init
 from models.qwen35_moe.routing import route
 
@@ -47,7 +47,7 @@ class SparseMoe(nnx.Module):
         B, T, H = x_BxTxH.shape
         x_NxH = x_BxTxH.reshape(B * T, H)
         experts = (cast(self.expert_gate, dt), cast(self.expert_up, dt), cast(self.expert_down, dt))
-        if picks_fewer_than_experts(x_NxH.shape[0], cfg) and cfg.moe_impl != "dense":
+        if reads_picked_experts(x_NxH.shape[0], cfg):
             probs_NxE, top_w_NxK, top_e_NxK = route(x_NxH, cast(self.router, dt), cfg.num_experts_per_tok)
             if stacked_experts is None:
                 routed_NxH = picked_experts(x_NxH, top_e_NxK, top_w_NxK, self.expert_gate[...],

@@ -3,8 +3,8 @@
     routed(x)[n] = sum_k w[n, k] * (silu(x[n] @ G[e]) * (x[n] @ U[e])) @ D[e],   e = expert[n, k]
 
 A decode step of 8 slots makes 64 (token, expert) picks of 256 experts; the grouped matmul (`moe.routed_experts`,
-`ragged_dot`) streams every expert's weights. When the picks are fewer than the experts and the mesh keeps every
-expert on every device, `SparseMoe` takes this path instead:
+`ragged_dot`) streams every expert's weights. When the picks are few (`reads_picked_experts`) and the mesh keeps
+every expert on every device, `SparseMoe` takes this path instead:
 - on TPU, the Pallas kernel `kernels/picked_experts` reads each picked expert's weight tiles straight from the
   stacks (a block per pick, consecutive picks of one expert sharing it), per shard under `shard_map` with the
   intermediate dim split over tensor and the partial outputs summed (`psum`);
@@ -24,16 +24,23 @@ from kernels.platform import target_platform
 from mercury_jax.parallel import logical_partition_spec, partitioned_mesh
 from models.qwen35_moe.config import Qwen35MoeConfig
 
+MAX_PICKS_PER_EXPERT = 4  # on TPU: past this many picks per expert the kernel's per-pick 8-row products cost more
 GATE_UP_AXES = ("layers", "experts", "embed", "expert_mlp")
 DOWN_AXES = ("layers", "experts", "expert_mlp", "embed")
 
 
-def picks_fewer_than_experts(num_tokens: int, config: Qwen35MoeConfig) -> bool:
-    """Whether `num_tokens` tokens make fewer (token, expert) picks than there are experts, on a mesh that keeps
-    every expert on every device (no 'expert' axis over 1): then reading the picks beats the grouped matmul."""
+def reads_picked_experts(num_tokens: int, config: Qwen35MoeConfig) -> bool:
+    """Whether `num_tokens` tokens' routed experts are computed pick by pick (`picked_experts`) rather than by the
+    grouped matmul: not for moe_impl "dense" (the CPU test path) nor on a mesh that splits the experts; on TPU (the
+    Pallas kernel, which reads each distinct picked expert once) up to 4 E picks; elsewhere (an XLA gather of every
+    pick's matrices) fewer picks than experts."""
+    if config.moe_impl == "dense":
+        return False
     mesh = jax.sharding.get_abstract_mesh()
-    experts_split = not mesh.empty and dict(mesh.shape).get("expert", 1) > 1
-    return num_tokens * config.num_experts_per_tok < config.num_experts and not experts_split
+    if not mesh.empty and dict(mesh.shape).get("expert", 1) > 1:
+        return False
+    picks, experts = num_tokens * config.num_experts_per_tok, config.num_experts
+    return picks <= MAX_PICKS_PER_EXPERT * experts if target_platform() == "tpu" else picks < experts
 
 
 def picked_experts(x_NxH: jax.Array, expert_NxK: jax.Array, weight_NxK: jax.Array, gate_ExHxI: jax.Array,

@@ -1,0 +1,206 @@
+"""Search a run's rollout layout: replica shape, slots per replica and the rollout / learner device split, so the
+rollout delivers a batch in about the learner's step time, within HBM and the async staleness bound.
+
+    PYTHONPATH=<libtpu dir>:. python -m mercury_jax.bench.pod_search --config experiments/sao.py \
+        --preset qwen3.5-35b-a3b [--write]
+
+For every replica shape and slot count the engine's own decode chunk is compiled for v5p (as `bench.pod` does:
+the chunk and a 1-step compile, its HBM bytes counted in the optimised HLO by trip counts), giving the decode step
+time (counted bytes over the HBM bandwidth) and the program's memory. The rest is arithmetic on the same rooflines
+`bench.pod` uses, all lower bounds on time:
+- prefill: the model FLOPs of one `prefill_tokens` call over the replica's chips at peak (FLOP-bound);
+- learner: each program's model FLOPs over its chips at peak (`bench.pod`'s counts; SAO: values + max(K critic
+  steps, actor step), the critic and actor on their own chips; GRPO: reference + optimiser steps);
+- a batch of E episodes of G generated tokens on S = replicas x slots slots: ceil(E G / S) decode steps plus the
+  prefills spread over the replicas;
+- step: async SAO max(rollout, learner); sync GRPO rollout + learner.
+An episode lasts D = G decode steps + its prefills. In async mode a trajectory's staleness is the number of
+learner steps it spans, ceil(D / step); above `sao.max_staleness` the learner must wait, so the step is at least
+D / max_staleness, and the table shows that bounded step and the staleness it runs at.
+Learner groups other than the config's are marked "not compiled": their memory is not checked here; the chosen
+layout is then checked whole by `bench.pod`.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+
+from mercury_jax.bench.pod import (  # noqa: E402, I001  (pod sets up the HLO dump before jax starts)
+    DUMP_DIR, GIB, active_parameters, attention_flops_per_token, grpo_programs, load_config, model_config,
+    sao_programs, topology_devices)
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import itertools  # noqa: E402
+import math  # noqa: E402
+import time  # noqa: E402
+
+from flax import nnx  # noqa: E402
+
+from mercury_jax.bench.hlo_bytes import counted_bytes  # noqa: E402
+from mercury_jax.bench.report import V5P_HBM_BYTES_PER_S, V5P_PEAK_FLOPS, markdown_table, replace_subsection  # noqa: E402
+from mercury_jax.bench.rollout_aot import abstract_engine, decode_read_bytes, per_chip_bytes  # noqa: E402
+from mercury_jax.rollout.layout import replica_meshes  # noqa: E402
+from mercury_jax.rollout.sampler import _compiled, bucket_length  # noqa: E402
+from mercury_jax.train.placement import role_meshes  # noqa: E402
+from models.qwen35_moe import Qwen35MoeForCausalLM  # noqa: E402
+
+REPLICAS = ({"tensor": 4}, {"tensor": 2})  # within one v5p host (4 chips): no replica spans hosts
+SLOTS = (4, 8, 16, 32)
+
+
+@dataclasses.dataclass
+class Decode:
+    step_s: float
+    program_gib: float
+    engine_gib: float
+
+
+def decode_costs(config, cfg, devices, steps: int) -> dict:
+    """{(replica shape, slots): Decode} from compiled decode chunks of one replica."""
+    r = config.rollout
+    model = nnx.eval_shape(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0)))
+    found = {}
+    for shape, slots in itertools.product(REPLICAS, SLOTS):
+        mesh = replica_meshes(devices[:math.prod(shape.values())], shape)[0]
+        graphdef, params, state, _, _, _ = abstract_engine(model, slots, r.max_total_tokens,
+                                                           r.get("param_dtype", "") or None, mesh=mesh)
+        _, decode, _, _ = _compiled(graphdef, r.max_total_tokens, mesh)
+        started = time.time()
+        compiled = decode.lower(params, state, steps).compile()
+        whole = counted_bytes(DUMP_DIR, started)
+        one_started = time.time()
+        decode.lower(params, state, 1).compile()
+        one = counted_bytes(DUMP_DIR, one_started)
+        per_step = ((whole - one) / (steps - 1) if whole is not None and one is not None
+                    else decode_read_bytes(params, state, cfg, slots))
+        memory = compiled.memory_analysis()
+        program = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
+                   - memory.alias_size_in_bytes)
+        found[(tuple(shape.items()), slots)] = Decode(per_step / V5P_HBM_BYTES_PER_S, program / GIB,
+                                                      (per_chip_bytes(params) + per_chip_bytes(state)) / GIB)
+        print(f"  decode {shape} x {slots} slots: {per_step / GIB:.2f} GiB a step, "
+              f"{found[(tuple(shape.items()), slots)].step_s * 1e3:.2f} ms, program {program / GIB:.1f} GiB",
+              flush=True)
+    return found
+
+
+def learner_flops(config, cfg, devices) -> list[tuple[str, str, float]]:
+    """(program, role, model FLOPs per step) of the learner, from `bench.pod`'s counts (nothing compiled)."""
+    pipeline = "sao" if "sao" in config else "grpo"
+    roles = ("rollout", "actor", "critic") if pipeline == "sao" else ("rollout", "actor", "reference")
+    meshes = role_meshes(config, roles, devices=devices)
+    seq = config.rollout.max_total_tokens
+    programs = (sao_programs(config, cfg, meshes, config.sao.batch_prompts, seq) if pipeline == "sao"
+                else grpo_programs(config, cfg, meshes, seq))[0]
+    return [(p.name, p.role, p.model_flops * p.per_step) for p in programs]
+
+
+def splits(config, total: int) -> list[dict]:
+    """Device splits of `total` chips whose learner groups divide the batch rows."""
+    if "sao" in config:
+        rows = config.sao.batch_prompts
+        return [dict(rollout=total - a - c, actor=a, critic=c) for a in (16, 32, 64) for c in (16, 32, 64)
+                if total - a - c >= 16 and rows % a == 0 and rows % c == 0]
+    rows = config.grpo.batch_states * config.grpo.group_size
+    return [dict(rollout=total - a, actor=a) for a in (16, 32, 64, 96) if total - a >= 16 and rows % a == 0]
+
+
+def evaluate(config, cfg, decode: dict, learner: list, split: dict, shape: dict, slots: int,
+             generated: int) -> dict | None:
+    """One layout's step estimate (None when its replicas do not tile the rollout group)."""
+    r = config.rollout
+    per_replica = math.prod(shape.values())
+    if split["rollout"] % per_replica:
+        return None
+    replicas = split["rollout"] // per_replica
+    cost = decode[(tuple(shape.items()), slots)]
+    sao = "sao" in config
+    episodes = config.sao.batch_prompts if sao else config.grpo.batch_states * config.grpo.group_size
+    active, _ = active_parameters(cfg)
+    per_token = 2 * active + attention_flops_per_token(cfg, r.max_total_tokens)
+    prefill_tokens = bucket_length(r.max_total_tokens - r.max_turn_tokens, r.max_total_tokens)
+    prefilled = max(r.max_total_tokens - generated, 0)
+    prefill_s = per_token * prefill_tokens / (per_replica * V5P_PEAK_FLOPS)
+    per_episode_prefills = math.ceil(prefilled / prefill_tokens)
+    rollout_s = (math.ceil(episodes * generated / (replicas * slots)) * cost.step_s
+                 + math.ceil(episodes * per_episode_prefills / replicas) * prefill_s)
+    chips = {role: split[role] for role in split}
+    seconds = {name: flops / (chips["critic" if role == "critic" else "actor"] * V5P_PEAK_FLOPS)
+               for name, role, flops in learner}
+    if sao:
+        learner_s = seconds["values + GAE"] + max(seconds["critic step"], seconds["actor step"])
+    else:
+        learner_s = sum(seconds.values())
+    episode_s = generated * cost.step_s + per_episode_prefills * prefill_s
+    async_mode = r.get("mode", "sync") == "async"
+    bound = config.sao.max_staleness if sao else 0
+    free_step = max(rollout_s, learner_s) if async_mode else rollout_s + learner_s
+    step = max(free_step, episode_s / bound) if async_mode and bound else free_step
+    flops = per_token * episodes * (generated + prefilled) + sum(f for _, _, f in learner)
+    resident = cost.engine_gib if async_mode else 0.0  # the evaluation engine beside the worker's (async)
+    return dict(split=split, shape=shape, slots=slots, replicas=replicas, decode_ms=cost.step_s * 1e3,
+                rollout_s=rollout_s, learner_s=learner_s, episode_s=episode_s, free_step=free_step, step=step,
+                staleness=math.ceil(episode_s / step) if async_mode else 0,
+                free_staleness=math.ceil(episode_s / free_step) if async_mode else 0,
+                idle=1 - learner_s / step, mfu=flops / (sum(split.values()) * V5P_PEAK_FLOPS * step),
+                decode_gib=cost.program_gib + resident)
+
+
+def run(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="experiments/sao.py")
+    parser.add_argument("--preset", default="qwen3.5-35b-a3b")
+    parser.add_argument("--topology", default="")
+    parser.add_argument("--headroom", type=float, default=0.8)
+    parser.add_argument("--generated-tokens", type=int, default=0)
+    parser.add_argument("--top", type=int, default=8)
+    parser.add_argument("--write", action="store_true")
+    args = parser.parse_args(argv)
+    config = load_config(args.config)
+    total = sum(dict(config.devices).values())
+    devices, topology, hbm_bytes = topology_devices(args.topology, total)
+    cfg = model_config(config, args.preset)
+    generated = args.generated_tokens or config.rollout.max_turn_tokens
+    print(f"{args.config} on {topology}: {total} chips; searching replica shapes {REPLICAS} x slots {SLOTS}",
+          flush=True)
+    decode = decode_costs(config, cfg, devices, int(config.rollout.get("steps_per_sync", 8)))
+    learner = learner_flops(config, cfg, devices)
+    released = dict(config.devices)
+    rows = []
+    for split, shape, slots in itertools.product(splits(config, total), REPLICAS, SLOTS):
+        result = evaluate(config, cfg, decode, learner, split, shape, slots, generated)
+        if result is None or result["decode_gib"] > args.headroom * hbm_bytes / GIB:
+            continue
+        result["released"] = (split == released and shape == dict(config.rollout.replica)
+                              and slots * result["replicas"] == config.rollout.num_slots)
+        result["learner_compiled"] = all(split[k] == released.get(k) for k in split if k != "rollout")
+        rows.append(result)
+    rows.sort(key=lambda x: (x["step"], x["staleness"]))
+    shown = rows[:args.top] + [x for x in rows[args.top:] if x["released"]]
+    table = markdown_table(
+        ["devices (rollout / learner)", "replica", "slots a replica (all)", "decode ms a step", "rollout s",
+         "learner s", "episode s", "step s (staleness)", "learner idle", "MFU bound", "decode GiB/chip",
+         "learner memory"],
+        [[("**released** " if x["released"] else "") + " / ".join(f"{k} {v}" for k, v in x["split"].items()),
+          str(x["shape"]), f"{x['slots']} ({x['slots'] * x['replicas']})", f"{x['decode_ms']:.2f}",
+          f"{x['rollout_s']:.1f}", f"{x['learner_s']:.1f}", f"{x['episode_s']:.1f}",
+          f"{x['step']:.1f} ({x['staleness']})" + (f"; unbounded {x['free_step']:.1f} ({x['free_staleness']})"
+                                                   if x["free_step"] < x["step"] else ""),
+          f"{x['idle']:.0%}", f"{x['mfu']:.1%}", f"{x['decode_gib']:.1f}",
+          "compiled (bench.pod)" if x["learner_compiled"] else "not compiled"] for x in shown])
+    print(table)
+    if args.write:
+        command = (f"PYTHONPATH=<libtpu dir>:. python -m mercury_jax.bench.pod_search --config {args.config} "
+                   f"--preset {args.preset} --write")
+        text = (f"{total} chips of `{topology}`, {generated:,} generated tokens an episode (assumed), "
+                f"max staleness {config.sao.max_staleness if 'sao' in config else 0}; best {args.top} by step "
+                f"time (and the released layout):\n\n" + table)
+        replace_subsection("pod_search", f"Layout search: {args.config}", text, command)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run())
