@@ -276,23 +276,32 @@ def optimised_module_text(dump_dir: str, since: float) -> str:
     return open(max(paths, key=os.path.getsize)).read()
 
 
+_dump_dir: str | None = None  # where this process has XLA dump its optimised modules (`dump_optimised_hlo`)
+
+
 def dump_optimised_hlo(module_re: str = ".*traced_on_mesh.*") -> str:
     """Have XLA dump the optimised HLO text of every compiled module matching `module_re` into a fresh temporary
-    folder (unless XLA_FLAGS already names one), and return the folder. Call before jax starts its backend (XLA
-    reads the flags then); afterwards nothing is dumped and `counted_bytes` returns None."""
+    folder (unless XLA_FLAGS already names one), and return the folder. A bench's entry point calls it before jax
+    starts its backend (XLA reads the flags then; a library import must not, or every process it starts would
+    dump too)."""
+    global _dump_dir
     flags = os.environ.get("XLA_FLAGS", "")
     existing = re.search(r"--xla_dump_to=(\S+)", flags)
     if existing:
-        return existing.group(1)
-    folder = tempfile.mkdtemp(prefix="mercury_hlo_")
-    os.environ["XLA_FLAGS"] = (flags + f" --xla_dump_to={folder} --xla_dump_hlo_as_text"
+        _dump_dir = existing.group(1)
+        return _dump_dir
+    _dump_dir = tempfile.mkdtemp(prefix="mercury_hlo_")
+    os.environ["XLA_FLAGS"] = (flags + f" --xla_dump_to={_dump_dir} --xla_dump_hlo_as_text"
                                f" --xla_dump_hlo_module_re={module_re}").strip()
-    return folder
+    return _dump_dir
 
 
-def counted_bytes(dump_dir: str, since: float) -> int | None:
-    """`module_bytes` of the program compiled last (`optimised_module_text`), None when nothing was dumped."""
+def counted_bytes(since: float) -> int | None:
+    """`module_bytes` of the program compiled last (`optimised_module_text`), None when nothing is dumped (no
+    `dump_optimised_hlo` in this process, or it came after jax started)."""
+    if _dump_dir is None:
+        return None
     try:
-        return module_bytes(optimised_module_text(dump_dir, since))
+        return module_bytes(optimised_module_text(_dump_dir, since))
     except FileNotFoundError:
         return None

@@ -35,8 +35,8 @@ os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")  # a single-host topo
 
 from mercury_jax.bench.hlo_bytes import counted_bytes, dump_optimised_hlo  # noqa: E402, I001
 
-# before jax starts: the optimised HLO of the programs compiled on a mesh, for the decode's trip-counted bytes
-DUMP_DIR = dump_optimised_hlo()
+if __name__ == "__main__":  # before jax starts: the optimised HLO of the programs on a mesh, for the decode's bytes
+    dump_optimised_hlo()
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
@@ -355,10 +355,10 @@ def compile_program(program: Program) -> Result:
     result.flops = float(cost.get("flops", math.nan)) if cost else math.nan
     result.bytes_accessed = float(cost.get("bytes accessed", math.nan)) if cost else math.nan
     if program.one_step_lower is not None and program.steps > 1:
-        whole = counted_bytes(DUMP_DIR, started)
+        whole = counted_bytes(started)
         one_step_start = time.time()
         program.one_step_lower().compile()
-        one = counted_bytes(DUMP_DIR, one_step_start)
+        one = counted_bytes(one_step_start)
         if whole is not None and one is not None:  # None: jax started before the dump was set up (tests)
             result.counted_bytes = (whole - one) / (program.steps - 1) * program.steps
     return result

@@ -23,8 +23,8 @@ import time  # noqa: E402
 
 from mercury_jax.bench.hlo_bytes import dump_optimised_hlo, entry_transfers, module_bytes, optimised_module_text  # noqa: E402, I001
 
-# the optimised HLO of every compile on a mesh lands here, for the trip-counted byte count (bench/hlo_bytes.py)
-DUMP_DIR = dump_optimised_hlo()
+# run as the bench: the optimised HLO of every compile on a mesh lands here, for the trip-counted byte count
+DUMP_DIR = dump_optimised_hlo() if __name__ == "__main__" else None
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
