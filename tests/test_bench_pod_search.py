@@ -45,6 +45,9 @@ def test_a_layout_step_by_hand(sao):
     assert got["free_step"] == pytest.approx(max(got["rollout_s"], 3.0))
     # max_staleness 1: the step is at least one episode; the trajectories then lag one version
     assert got["step"] == pytest.approx(max(got["free_step"], episode)) and got["staleness"] == 1
+    wide = pod_search.evaluate(sao, cfg, {(tuple(shape.items()), 64): pod_search.Decode(3e-3, 20.0, 17.0)}, learner,
+                               split, shape, 64, generated=8192)
+    assert wide["rollout_s"] == pytest.approx(wide["episode_s"])  # 1,024 slots for 128 episodes: one episode long
     assert got["idle"] == pytest.approx(1 - 3.0 / got["step"])
     assert got["decode_gib"] == pytest.approx(37.0)  # async: the evaluation engine resident beside the program
     assert pod_search.evaluate(sao, cfg, decode, learner, dict(rollout=66, actor=31, critic=31), shape, slots,

@@ -12,7 +12,7 @@ time (counted bytes over the HBM bandwidth) and the program's memory. The rest i
 - learner: each program's model FLOPs over its chips at peak (`bench.pod`'s counts; SAO: values + max(K critic
   steps, actor step), the critic and actor on their own chips; GRPO: reference + optimiser steps);
 - a batch of E episodes of G generated tokens on S = replicas x slots slots: ceil(E G / S) decode steps plus the
-  prefills spread over the replicas;
+  prefills spread over the replicas, and never less than one episode (its G tokens are decoded one after another);
 - step: async SAO max(rollout, learner); sync GRPO rollout + learner.
 An episode lasts D = G decode steps + its prefills. In async mode a trajectory's staleness is the number of
 learner steps it spans, ceil(D / step); above `sao.max_staleness` the learner must wait, so the step is at least
@@ -129,8 +129,10 @@ def evaluate(config, cfg, decode: dict, learner: list, split: dict, shape: dict,
     prefilled = max(r.max_total_tokens - generated, 0)
     prefill_s = per_token * prefill_tokens / (per_replica * V5P_PEAK_FLOPS)
     per_episode_prefills = math.ceil(prefilled / prefill_tokens)
-    rollout_s = (math.ceil(episodes * generated / (replicas * slots)) * cost.step_s
-                 + math.ceil(episodes * per_episode_prefills / replicas) * prefill_s)
+    episode_s = generated * cost.step_s + per_episode_prefills * prefill_s
+    # all slots busy; never less than one episode, whose tokens come one decode step after another
+    rollout_s = max(math.ceil(episodes * generated / (replicas * slots)) * cost.step_s
+                    + math.ceil(episodes * per_episode_prefills / replicas) * prefill_s, episode_s)
     chips = {role: split[role] for role in split}
     seconds = {name: flops / (chips["critic" if role == "critic" else "actor"] * V5P_PEAK_FLOPS)
                for name, role, flops in learner}
@@ -138,7 +140,6 @@ def evaluate(config, cfg, decode: dict, learner: list, split: dict, shape: dict,
         learner_s = seconds["values + GAE"] + max(seconds["critic step"], seconds["actor step"])
     else:
         learner_s = sum(seconds.values())
-    episode_s = generated * cost.step_s + per_episode_prefills * prefill_s
     async_mode = r.get("mode", "sync") == "async"
     bound = config.sao.max_staleness if sao else 0
     free_step = max(rollout_s, learner_s) if async_mode else rollout_s + learner_s
