@@ -25,6 +25,8 @@ import glob
 import os
 import re
 import tempfile
+import time
+from collections.abc import Callable
 
 DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
                "s64": 8, "u64": 8, "f64": 8, "f8e4m3fn": 1, "f8e5m2": 1, "s4": 1, "u4": 1}
@@ -305,3 +307,14 @@ def counted_bytes(since: float) -> int | None:
         return module_bytes(optimised_module_text(_dump_dir, since))
     except FileNotFoundError:
         return None
+
+
+def bytes_per_trip(since: float, compile_one_trip: Callable[[], object], trips: int) -> float | None:
+    """Bytes one trip of a program's loop moves: the program compiled last (after `since`, with `trips` trips)
+    minus the same program compiled now by `compile_one_trip` with one trip, over trips - 1; so what the program does
+    once around its loop (re-layouts, the first and last steps) cancels. None when nothing is dumped."""
+    whole = counted_bytes(since)
+    one_trip_since = time.time()
+    compile_one_trip()
+    one = counted_bytes(one_trip_since)
+    return None if whole is None or one is None else (whole - one) / (trips - 1)

@@ -33,7 +33,7 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")  # a single-host topology; silences libtpu's probe
 
-from mercury_jax.bench.hlo_bytes import counted_bytes, dump_optimised_hlo  # noqa: E402, I001
+from mercury_jax.bench.hlo_bytes import bytes_per_trip, dump_optimised_hlo  # noqa: E402, I001
 
 if __name__ == "__main__":  # before jax starts: the optimised HLO of the programs on a mesh, for the decode's bytes
     dump_optimised_hlo()
@@ -355,12 +355,9 @@ def compile_program(program: Program) -> Result:
     result.flops = float(cost.get("flops", math.nan)) if cost else math.nan
     result.bytes_accessed = float(cost.get("bytes accessed", math.nan)) if cost else math.nan
     if program.one_step_lower is not None and program.steps > 1:
-        whole = counted_bytes(started)
-        one_step_start = time.time()
-        program.one_step_lower().compile()
-        one = counted_bytes(one_step_start)
-        if whole is not None and one is not None:  # None: jax started before the dump was set up (tests)
-            result.counted_bytes = (whole - one) / (program.steps - 1) * program.steps
+        per_step = bytes_per_trip(started, lambda: program.one_step_lower().compile(), program.steps)
+        if per_step is not None:  # None: jax started before the dump was set up (tests)
+            result.counted_bytes = per_step * program.steps
     return result
 
 

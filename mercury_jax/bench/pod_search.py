@@ -27,7 +27,7 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 
-from mercury_jax.bench.hlo_bytes import counted_bytes, dump_optimised_hlo  # noqa: E402, I001
+from mercury_jax.bench.hlo_bytes import bytes_per_trip, dump_optimised_hlo  # noqa: E402, I001
 
 if __name__ == "__main__":  # before jax starts: the decode chunks' optimised HLO, for their bytes
     dump_optimised_hlo()
@@ -74,12 +74,10 @@ def decode_costs(config, cfg, devices, steps: int) -> dict:
         _, decode, _, _ = _compiled(graphdef, r.max_total_tokens, mesh)
         started = time.time()
         compiled = decode.lower(params, state, steps).compile()
-        whole = counted_bytes(started)
-        one_started = time.time()
-        decode.lower(params, state, 1).compile()
-        one = counted_bytes(one_started)
-        per_step = ((whole - one) / (steps - 1) if whole is not None and one is not None
-                    else decode_read_bytes(params, state, cfg, slots))
+        one_trip = lambda d=decode, p=params, s=state: d.lower(p, s, 1).compile()  # noqa: E731
+        per_step = bytes_per_trip(started, one_trip, steps)
+        if per_step is None:
+            per_step = decode_read_bytes(params, state, cfg, slots)
         memory = compiled.memory_analysis()
         program = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
                    - memory.alias_size_in_bytes)

@@ -21,7 +21,7 @@ os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")  # a single-host topo
 import argparse  # noqa: E402
 import time  # noqa: E402
 
-from mercury_jax.bench.hlo_bytes import dump_optimised_hlo, entry_transfers, module_bytes, optimised_module_text  # noqa: E402, I001
+from mercury_jax.bench.hlo_bytes import bytes_per_trip, dump_optimised_hlo, entry_transfers, optimised_module_text  # noqa: E402, I001
 
 # run as the bench: the optimised HLO of every compile on a mesh lands here, for the trip-counted byte count
 DUMP_DIR = dump_optimised_hlo() if __name__ == "__main__" else None
@@ -164,10 +164,7 @@ def main():
         outside = sum(b for _, _, b in entry_transfers(text, 16 * 2 ** 20))
         if name == "decode":  # XLA counts the decode loop's body once: count the HLO by trip counts instead
             must_read = decode_read_bytes(params, state, PRESETS[args.preset](), slots)
-            one_step_start = time.time()
-            decode.lower(params, state, 1).compile()
-            one_step = module_bytes(optimised_module_text(DUMP_DIR, one_step_start))
-            counted = (module_bytes(text) - one_step) / (args.steps - 1)
+            counted = bytes_per_trip(started, lambda: decode.lower(params, state, 1).compile(), args.steps)
             decode_counts = (counted, must_read, outside)
             decode_step_s = max(counted, must_read) / V5P_HBM_BYTES_PER_S
         rows.append([name, f"{memory.argument_size_in_bytes / GIB:.2f}", f"{memory.temp_size_in_bytes / GIB:.2f}",
