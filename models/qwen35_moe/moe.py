@@ -46,26 +46,22 @@ class SparseMoe(nnx.Module):
         dt = x_BxTxH.dtype
         B, T, H = x_BxTxH.shape
         x_NxH = x_BxTxH.reshape(B * T, H)
-        experts = (cast(self.expert_gate, dt), cast(self.expert_up, dt), cast(self.expert_down, dt))
-        if reads_picked_experts(x_NxH.shape[0], cfg):
-            probs_NxE, top_w_NxK, top_e_NxK = route(x_NxH, cast(self.router, dt), cfg.num_experts_per_tok)
-            if stacked_experts is None:
-                routed_NxH = picked_experts(x_NxH, top_e_NxK, top_w_NxK, self.expert_gate[...],
-                                            self.expert_up[...], self.expert_down[...])
-            else:
-                *stacks, layer = stacked_experts
-                routed_NxH = picked_experts(x_NxH, top_e_NxK, top_w_NxK, *stacks, layer=layer)
-            aux = {
-                "expert_counts_E": jnp.zeros((cfg.num_experts,), jnp.float32).at[top_e_NxK.reshape(-1)].add(1.0),
-                "router_prob_sum_E": jnp.sum(probs_NxE, axis=0),
-            }
-        elif cfg.moe_impl == "ep":
-            routed_NxH, aux = ep_moe(x_NxH, cast(self.router, dt), *experts, top_k=cfg.num_experts_per_tok,
+        picked = reads_picked_experts(x_NxH.shape[0], cfg)
+        experts = lambda: (cast(self.expert_gate, dt), cast(self.expert_up, dt), cast(self.expert_down, dt))  # noqa: E731
+        if cfg.moe_impl == "ep" and not picked:
+            routed_NxH, aux = ep_moe(x_NxH, cast(self.router, dt), *experts(), top_k=cfg.num_experts_per_tok,
                                      round_factor=cfg.moe_ep_round_factor)
         else:
             probs_NxE, top_w_NxK, top_e_NxK = route(x_NxH, cast(self.router, dt), cfg.num_experts_per_tok)
-            routed = dense_experts if cfg.moe_impl == "dense" else routed_experts
-            routed_NxH = routed(x_NxH, top_e_NxK, top_w_NxK, *experts)
+            if picked and stacked_experts is not None:
+                *stacks, layer = stacked_experts
+                routed_NxH = picked_experts(x_NxH, top_e_NxK, top_w_NxK, *stacks, layer=layer)
+            elif picked:
+                routed_NxH = picked_experts(x_NxH, top_e_NxK, top_w_NxK, self.expert_gate[...],
+                                            self.expert_up[...], self.expert_down[...])
+            else:
+                routed = dense_experts if cfg.moe_impl == "dense" else routed_experts
+                routed_NxH = routed(x_NxH, top_e_NxK, top_w_NxK, *experts())
             aux = {
                 "expert_counts_E": jnp.zeros((cfg.num_experts,), jnp.float32).at[top_e_NxK.reshape(-1)].add(1.0),
                 "router_prob_sum_E": jnp.sum(probs_NxE, axis=0),
