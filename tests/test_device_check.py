@@ -25,7 +25,7 @@ def test_cpu_run_times_both_programs(capsys):
     status = device_check.run(SMALL)
     out = capsys.readouterr().out
     assert status == 0, out
-    assert "backend cpu" in out and "gdn_impl=chunked, attention_impl=blockwise, moe_impl=ragged" in out
+    assert "backend cpu" in out and "gdn_impl=chunked, attention_impl=blockwise, moe_impl=blocked" in out
     assert "experiments/sao.py:tiny" in out and "peak unknown FLOP/s" in out
     rows = table_rows(out)
     assert set(rows) == {"rollout decode", "actor step"}, out
@@ -41,6 +41,13 @@ def test_cpu_run_times_both_programs(capsys):
     assert float(decode["must-read GiB/step"]) > 0 and decode["bandwidth fraction"] == "n/a"
     assert "4 slots x 128-token caches, 4 steps a chunk" in decode["shape"]
     assert "2 x 128 tokens" in rows["actor step"][1]
+
+
+def test_one_program_with_another_kernel(capsys):
+    status = device_check.run([*SMALL, "--only", "decode", "--moe-impl", "ragged"])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "moe_impl=ragged" in out and set(table_rows(out)) == {"rollout decode"}, out
 
 
 def test_past_the_budget_it_stops_and_says_so(capsys):

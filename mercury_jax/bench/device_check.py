@@ -1,14 +1,15 @@
 """The device check: the released run's two hot programs measured on the one accelerator chip at hand.
 
     pip install -U "jax[tpu]"      # on a TPU VM;   pip install -U "jax[cuda12]" on a GPU machine
-    python -m mercury_jax.bench.device_check [--budget-s 300] [--vocab 32768] [--peak-tflops T --peak-gbps G]
+    python -m mercury_jax.bench.device_check [--budget-s 300] [--vocab 32768] [--only decode|actor] [--slots 32]
     python -m mercury_jax.bench.device_check          # on CPU: the :tiny config, as CI runs it
 
 On the default backend's first device, without a mesh, it builds the released SAO run's model (`experiments/sao.py`:
 the Qwen3.5-35B-A3B architecture) cut to `--blocks` repeats of its layer pattern (one block: 3 GDN + 1 attention
 layers, all 256 experts, hidden 2048, the released vocabulary unless `--vocab`; bf16 compute, fp32 master weights)
 with the kernels that exist there (`device_setup.KERNELS`: Pallas Mosaic GDN and splash attention on TPU; the
-chunked GDN and blockwise attention on GPU and CPU; sort + ragged_dot experts), and times, at one chip's share of
+chunked GDN and blockwise attention on GPU and CPU; sort + ragged_dot experts on TPU, expert-aligned
+row blocks elsewhere: `models/qwen35_moe/moe_blocked.py`), and times, at one chip's share of
 the released shapes (`device_setup.chip_shapes`):
   - the rollout engine's decode chunk (`rollout/sampler.py`): 8 slots x 24,576-token caches, 8 steps a chunk, bf16
     weights, every slot busy halfway into its cache;
@@ -43,6 +44,7 @@ from mercury_jax.bench.peaks import Peak, chip_peak  # noqa: E402
 from mercury_jax.bench.pod import active_parameters  # noqa: E402
 from mercury_jax.bench.report import markdown_table, replace_subsection  # noqa: E402
 from mercury_jax.bench.timing import Timing, measure  # noqa: E402
+from models.qwen35_moe.config import ATTENTION_IMPLS, GDN_IMPLS, MOE_IMPLS  # noqa: E402
 
 GIB = 2.0 ** 30
 HEADERS = ["program", "shape", "compile s", "time ms (median)", "tokens/s", "model TFLOP/s", "MFU",
@@ -95,6 +97,10 @@ def run(argv=None) -> int:
     parser.add_argument("--vocab", type=int, default=0, help="vocabulary size (0: the architecture's)")
     for name in ("rows", "micro-batches", "seq", "slots", "cache-length", "steps"):
         parser.add_argument(f"--{name}", type=int, default=0, help="override the run's per-chip shape (0: keep)")
+    for field, choices in (("moe_impl", MOE_IMPLS), ("gdn_impl", GDN_IMPLS), ("attention_impl", ATTENTION_IMPLS)):
+        parser.add_argument(f"--{field.replace('_', '-')}", choices=choices, default="",
+                            help=f"model.{field} (default: the platform's, device_setup.KERNELS)")
+    parser.add_argument("--only", choices=("decode", "actor"), default="", help="run one of the two programs")
     parser.add_argument("--reps", type=int, default=5, help="timed runs of each program")
     parser.add_argument("--budget-s", type=float, default=300.0, help="stop (exit 1) once this many seconds pass")
     parser.add_argument("--peak-tflops", type=float, default=0.0, help="the chip's bf16 peak (default: by kind)")
@@ -106,7 +112,7 @@ def run(argv=None) -> int:
     device, where = jax.devices()[0], platform()
     config_path = args.config or ("experiments/sao.py:tiny" if args.tiny or where == "cpu" else "experiments/sao.py")
     config = load_config(config_path)
-    kernels = KERNELS.get(where, KERNELS["cpu"])
+    kernels = {field: getattr(args, field) or impl for field, impl in KERNELS.get(where, KERNELS["cpu"]).items()}
     cfg = check_model(config, blocks=args.blocks, vocab=args.vocab, kernels=kernels)
     released = chip_shapes(config)
     shapes = Shapes(**{field: getattr(args, field) or value for field, value in vars(released).items()})
@@ -122,8 +128,10 @@ def run(argv=None) -> int:
     print(header, flush=True)
     print(model_line, flush=True)
     model = init_model(cfg, args.seed)
-    makers = (("rollout decode", lambda: decode_program(model, shapes, param_dtype, args.seed)),
-              ("actor step", lambda: actor_program(model, config.sao, shapes, args.seed)))
+    makers = tuple((name, make) for name, make, key in (
+        ("rollout decode", lambda: decode_program(model, shapes, param_dtype, args.seed), "decode"),
+        ("actor step", lambda: actor_program(model, config.sao, shapes, args.seed), "actor"))
+        if args.only in ("", key))
     rows, stopped, failed = [], [], []
     for name, make in makers:  # decode first: the actor step donates (spends) the model's weights
         if time.monotonic() > deadline:

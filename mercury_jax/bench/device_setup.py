@@ -13,11 +13,13 @@ from mercury_jax.rollout.settings import EngineSettings
 from models.qwen35_moe.config import Qwen35MoeConfig
 
 # Per platform: Pallas Mosaic kernels on TPU; elsewhere the pure-JAX chunked GDN and blockwise attention (CPU takes
-# the GPU's choice, so CI keeps that path alive). One chip has no expert axis to dispatch over: sort + ragged_dot.
+# the GPU's choice, so CI keeps that path alive). One chip has no expert axis to dispatch over: on TPU sort +
+# ragged_dot (XLA's grouped matmul); elsewhere XLA rewrites ragged_dot into a dense masked dot over all experts (its
+# weight gradient alone [E, N k, H]: 200 GB at the released row), so batched matmuls over expert-aligned row blocks.
 KERNELS = {
     "tpu": {"gdn_impl": "pallas", "attention_impl": "splash", "moe_impl": "ragged"},
-    "gpu": {"gdn_impl": "chunked", "attention_impl": "blockwise", "moe_impl": "ragged"},
-    "cpu": {"gdn_impl": "chunked", "attention_impl": "blockwise", "moe_impl": "ragged"},
+    "gpu": {"gdn_impl": "chunked", "attention_impl": "blockwise", "moe_impl": "blocked"},
+    "cpu": {"gdn_impl": "chunked", "attention_impl": "blockwise", "moe_impl": "blocked"},
 }
 RELEASED_PRESET = "qwen3.5-35b-a3b"  # the architecture of a run that loads an HF checkpoint
 

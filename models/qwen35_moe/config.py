@@ -29,7 +29,7 @@ FULL_ATTENTION = "full_attention"
 REMAT_POLICIES = ("none", "full", "save_layer_inputs", "save_layer_and_moe_inputs", "dots_saveable",
                   "dots_with_no_batch_dims_saveable")
 GDN_IMPLS = GATED_DELTA_IMPLS  # the kernel registry: "auto", "chunked", "pallas", "recurrent"
-MOE_IMPLS = ("ragged", "dense", "ep")
+MOE_IMPLS = ("ragged", "dense", "ep", "blocked")
 # "dense": [T, S] scores; "blockwise": online softmax over key blocks (pure JAX); "splash": the Pallas TPU kernel
 ATTENTION_IMPLS = ("dense", "blockwise", "splash")
 _HF_IGNORED_KEYS = {"attn_output_gate", "mamba_ssm_dtype", "output_gate_type", "use_cache", "dtype", "torch_dtype",
@@ -176,7 +176,8 @@ class Qwen35MoeConfig:
     scan_layers: bool = True
     gdn_impl: str = "chunked"  # "auto" picks the Pallas kernel when tracing for TPU (run per shard under a mesh)
     gdn_chunk_size: int = 64
-    moe_impl: str = "ragged"  # "ragged": sort + ragged_dot; "dense": all experts; "ep": expert parallel (moe_ep.py)
+    moe_impl: str = "ragged"  # "ragged": sort + ragged_dot; "dense": all experts; "ep": expert parallel (moe_ep.py);
+    # "blocked": batched matmuls over expert-aligned row blocks (moe_blocked.py; GPUs, where ragged_dot goes dense)
     moe_ep_round_factor: float = 2.0  # "ep": a dispatch round receives this x the balanced load n * k rows
     attention_impl: str = "dense"  # full forwards only (training, scoring); the decode path is always dense
 

@@ -8,8 +8,10 @@ matmul, no capacity, no padding to a capacity), then unsorted and summed. Aux st
 load-balancing loss are returned so a caller can combine them across layers exactly as HF does.
 Fewer (token, expert) picks than experts (a decode step: N k < E) and no expert split over the mesh: each pick's
 expert matrices are read instead (`moe_picked.py`), so a step reads the experts it uses, not all of them.
-moe_impl "ep" runs the routing and the routed sum expert-parallel under shard_map over the context mesh (moe_ep.py),
-token-local, with the aux statistics summed over all shards (whole-batch, as HF); the shared expert stays here.
+moe_impl "blocked" runs the same sum as batched matmuls over expert-aligned row blocks (moe_blocked.py: for backends
+whose ragged_dot is a dense rewrite, GPUs). moe_impl "ep" runs the routing and the routed sum expert-parallel under
+shard_map over the context mesh (moe_ep.py), token-local, with the aux statistics summed over all shards
+(whole-batch, as HF); the shared expert stays here.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models.qwen35_moe.config import Qwen35MoeConfig
+from models.qwen35_moe.moe_blocked import blocked_experts
 from models.qwen35_moe.moe_ep import ep_moe
 from models.qwen35_moe.moe_picked import picked_experts, reads_picked_experts
 from models.qwen35_moe.params import cast, make_param, normal_init
@@ -60,7 +63,7 @@ class SparseMoe(nnx.Module):
                 routed_NxH = picked_experts(x_NxH, top_e_NxK, top_w_NxK, self.expert_gate[...],
                                             self.expert_up[...], self.expert_down[...])
             else:
-                routed = dense_experts if cfg.moe_impl == "dense" else routed_experts
+                routed = {"dense": dense_experts, "blocked": blocked_experts}.get(cfg.moe_impl, routed_experts)
                 routed_NxH = routed(x_NxH, top_e_NxK, top_w_NxK, *experts())
             aux = {
                 "expert_counts_E": jnp.zeros((cfg.num_experts,), jnp.float32).at[top_e_NxK.reshape(-1)].add(1.0),
