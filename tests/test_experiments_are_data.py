@@ -20,7 +20,7 @@ def test_experiments_import_no_project_code(path):
     tree = ast.parse(path.read_text(), str(path))
     imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
     imported += [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
-    project = [name for name in imported if name.split(".")[0] in ("mercury_jax", "models", "kernels")]
+    project = [name for name in imported if name.split(".")[0] in ("mercury_jax", "models", "mercury_kernels")]
     assert not project, f"{path.name} imports {project}: configs are data (ml_collections values only)"
 
 

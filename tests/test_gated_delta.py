@@ -12,7 +12,12 @@ import pytest
 from gated_delta_cases import make_inputs as shared_inputs
 from gated_delta_cases import naive_gated_delta, segments
 
-from kernels.gated_delta import chunked_gated_delta_rule, gated_delta_rule, gated_delta_step, recurrent_gated_delta_rule
+from mercury_kernels.gated_delta import (
+    chunked_gated_delta_rule,
+    gated_delta_rule,
+    gated_delta_step,
+    recurrent_gated_delta_rule,
+)
 
 BATCH, HEADS, KEY_DIM, VALUE_DIM = 2, 3, 8, 16
 TOLERANCE = dict(rtol=1e-5, atol=1e-5)

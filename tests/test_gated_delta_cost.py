@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from gated_delta_cases import make_inputs, naive_gated_delta, segments
 
-from kernels.gated_delta.chunked import block_layout, chunked_gated_delta_rule
+from mercury_kernels.gated_delta.chunked import block_layout, chunked_gated_delta_rule
 
 NAMES = ("q", "k", "v", "g", "beta")
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from gated_delta_cases import make_inputs, naive_gated_delta, segments
 
-from kernels.gated_delta import gated_delta_rule, recurrent_gated_delta_rule
-from kernels.gated_delta.pallas import pallas_gated_delta_rule
+from mercury_kernels.gated_delta import gated_delta_rule, recurrent_gated_delta_rule
+from mercury_kernels.gated_delta.pallas import pallas_gated_delta_rule
 
 NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 F32_TOLERANCE = dict(rtol=1e-4, atol=1e-4)

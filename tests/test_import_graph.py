@@ -2,7 +2,7 @@
 
 Every `import` statement counts, including those inside functions (a deferred import hides a circle from the
 interpreter, not from the design). Layers, bottom to top:
-    kernels  <  mercury_jax.parallel  <  models  <  mercury_jax (chat, rl, envs, rollout, evaluation, train, ...)
+    mercury_kernels  <  mercury_jax.parallel  <  models  <  mercury_jax (chat, rl, envs, rollout, evaluation, ...)
 and `mercury_jax.bench` (benchmark scripts) is a leaf on top: nothing outside it imports it.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("mercury_jax", "models", "kernels", "experiments")
+PACKAGES = ("mercury_jax", "models", "mercury_kernels", "experiments")
 
 
 def module_name(path: Path) -> str:
@@ -99,9 +99,9 @@ def test_no_import_circles():
 
 
 LAYER_ALLOWED = {
-    "kernels": ("kernels",),
+    "mercury_kernels": ("mercury_kernels",),
     "mercury_jax.parallel": ("mercury_jax.parallel",),
-    "models": ("models", "kernels", "mercury_jax.parallel"),
+    "models": ("models", "mercury_kernels", "mercury_jax.parallel"),
 }
 
 
@@ -121,8 +121,8 @@ def test_no_arrow_back_up_the_layers():
                 bad.append(f"{source} -> {target}")
             if target.startswith("mercury_jax.bench") and not source.startswith("mercury_jax.bench"):
                 bad.append(f"{source} -> {target} (only benchmark scripts import mercury_jax.bench)")
-    assert not bad, "imports against the layering (kernels < parallel < models < mercury_jax; bench on top):\n" + \
-        "\n".join(sorted(bad))
+    assert not bad, "imports against the layering (mercury_kernels < parallel < models < mercury_jax; bench on top):" \
+        + "\n" + "\n".join(sorted(bad))
 
 
 def test_the_checks_see_a_circle_a_deferred_import_and_relative_imports():

@@ -5,9 +5,9 @@
 - A model whose decode steps take the picked path (16 experts, top 2, 3 rows: 6 picks) gives the full forward's
   logits at every step (1e-5, the decode tests' tolerance), through the scanned blocks (stacked gather) and an
   unscanned tail layer (per-layer gather).
-- The Pallas kernel (kernels/picked_experts, interpret mode here) equals the XLA gather (fp32, 1e-5: its products
-  run per pick in another order), stacked and per layer, with picks shared by several tokens; and per shard on a
-  tensor=4 mesh, the intermediate dim split and the partial outputs summed.
+- The Pallas kernel (mercury_kernels/picked_experts, interpret mode here) equals the XLA gather (fp32, 1e-5: its
+  products run per pick in another order), stacked and per layer, with picks shared by several tokens; and per
+  shard on a tensor=4 mesh, the intermediate dim split and the partial outputs summed.
 - The path is chosen by size (off TPU fewer picks than experts, on TPU up to 4 E), never for moe_impl "dense" nor on
   a mesh that splits the experts.
 """

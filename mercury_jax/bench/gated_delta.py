@@ -19,8 +19,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from kernels.gated_delta import gated_delta_rule  # noqa: E402
 from mercury_jax.bench.report import markdown_table, write_section  # noqa: E402
+from mercury_kernels.gated_delta import gated_delta_rule  # noqa: E402
 
 BATCH, HEADS, KEY_DIM, VALUE_DIM, CHUNK = 1, 4, 64, 64, 64
 DEFAULT_TIMES = (1024, 2048, 4096, 8192, 16384)

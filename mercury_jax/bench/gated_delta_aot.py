@@ -24,9 +24,9 @@ import jax.numpy as jnp  # noqa: E402
 from jax.experimental import topologies  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
-from kernels.gated_delta.chunked import chunked_gated_delta_rule  # noqa: E402
-from kernels.gated_delta.pallas import chunk_macs, pallas_gated_delta_rule  # noqa: E402
 from mercury_jax.bench.report import cost_and_roofline, markdown_table, write_section  # noqa: E402
+from mercury_kernels.gated_delta.chunked import chunked_gated_delta_rule  # noqa: E402
+from mercury_kernels.gated_delta.pallas import chunk_macs, pallas_gated_delta_rule  # noqa: E402
 
 
 def compile_kernels(topology, batch, seq, heads, key_dim, value_dim, chunk, dtype, with_segments, impl="pallas"):

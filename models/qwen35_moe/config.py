@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
-from kernels.gated_delta.interface import IMPLS as GATED_DELTA_IMPLS
+from mercury_kernels.gated_delta.interface import IMPLS as GATED_DELTA_IMPLS
 from models.qwen35_moe.checkpoint_errors import BadConfigValue
 
 LINEAR_ATTENTION = "linear_attention"

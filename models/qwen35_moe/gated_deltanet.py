@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kernels.gated_delta import gated_delta_rule
-from kernels.gated_delta.interface import resolve_impl
 from mercury_jax.parallel import constrain, per_shard
+from mercury_kernels.gated_delta import gated_delta_rule
+from mercury_kernels.gated_delta.interface import resolve_impl
 from models.qwen35_moe.config import Qwen35MoeConfig
 from models.qwen35_moe.norms import GatedRMSNorm
 from models.qwen35_moe.params import cast, constant_init, make_param, normal_init

@@ -43,8 +43,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from kernels.platform import target_platform
 from mercury_jax.parallel.mesh import MESH_AXES
+from mercury_kernels.platform import target_platform
 from models.qwen35_moe.routing import route
 
 TOKEN_AXES = ("data", "fsdp", "expert")

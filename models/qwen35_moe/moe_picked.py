@@ -5,7 +5,7 @@
 A decode step of 8 slots makes 64 (token, expert) picks of 256 experts; the grouped matmul (`moe.routed_experts`,
 `ragged_dot`) streams every expert's weights. When the picks are few (`reads_picked_experts`) and the mesh keeps
 every expert on every device, `SparseMoe` takes this path instead:
-- on TPU, the Pallas kernel `kernels/picked_experts` reads each picked expert's weight tiles straight from the
+- on TPU, the Pallas kernel `mercury_kernels/picked_experts` reads each picked expert's weight tiles straight from the
   stacks (a block per pick, consecutive picks of one expert sharing it), per shard under `shard_map` with the
   intermediate dim split over tensor and the partial outputs summed (`psum`);
 - elsewhere (and on a mesh that splits the weights' hidden dim), an XLA gather of each pick's matrices, [N, K, H, I],
@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from kernels.picked_experts import pallas_picked_experts
-from kernels.platform import target_platform
 from mercury_jax.parallel import logical_partition_spec, partitioned_mesh
+from mercury_kernels.picked_experts import pallas_picked_experts
+from mercury_kernels.platform import target_platform
 from models.qwen35_moe.config import Qwen35MoeConfig
 
 MAX_PICKS_PER_EXPERT = 4  # on TPU: past this many picks per expert the kernel's per-pick 8-row products cost more

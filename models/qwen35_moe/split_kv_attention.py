@@ -16,8 +16,10 @@ to the new tokens up to its own. Each chip computes, for every query head, over 
 and the new tokens (every chip holds them) join that sum the same way, each chip scoring them for its own query
 heads only (a long prefill's [T, T] scores split over the chips); out = o / l. Then each chip
 writes the new keys/values whose positions fall in its span (a scatter of T rows; the others drop them). The cache
-is read before it is written, straight from the buffer the decode loop carries. The whole query (every head) goes
-to every chip: [B, T, N, D], small next to the cache. Each chip reads S/t of the cache per step instead of S, and
+is read before it is written, straight from the buffer the decode loop carries: on TPU, for a decode's few query
+rows, by a Pallas kernel whose index maps pick the layer's blocks out of the [L, B, S, K, D] stack
+(mercury_kernels/cached_attention), so the layer's K/V is never copied out of it first. The whole query (every head)
+goes to every chip: [B, T, N, D], small next to the cache. Each chip reads S/t of the cache per step instead of S, and
 holds S/t of it.
 
 Equal to the unsplit `attention.grouped_attention` path up to the order of the sum over positions (fp32: ~1e-7
@@ -30,6 +32,8 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec
 
 from mercury_jax.parallel import logical_partition_spec
+from mercury_kernels.cached_attention import MAX_ROWS, pallas_cached_partial_softmax
+from mercury_kernels.platform import target_platform
 
 SPLIT_AXIS = "tensor"
 ROWS = "activation_batch"
@@ -89,11 +93,8 @@ def split_kv_cached_attention(query_BxTxNxD: jax.Array, key_BxTxKxD: jax.Array, 
         # the span's cached positions before the new tokens (read before this call's writes, straight from the
         # carried stack), then the new tokens themselves (every chip holds them: counted once, after the combine)
         start = jax.lax.axis_index(axis) * s
-        old_keys, old_values = (keys, values) if layer is None else (keys[layer], values[layer])
-        old_visible_BxTxS = jnp.broadcast_to(
-            ((start + jnp.arange(s))[None, :] < query_index[:, :1])[:, None, :], (b, T, s))
-        old_max, old_norm, old_out = _partial_softmax(q_BxTxKxGxD, old_keys.astype(dt), old_values.astype(dt),
-                                                      old_visible_BxTxS)
+        old_max, old_norm, old_out = cached_partial_softmax(q_BxTxKxGxD, keys, values, layer,
+                                                            query_index[:, 0] - start)
         heads = lambda x_BxKxGxT: jnp.moveaxis(x_BxKxGxT, -1, 1).reshape(b, T, -1)  # noqa: E731  -> [b, T, heads]
         total_max = jax.lax.pmax(old_max, axis)
         rescale = _rescale(old_max, total_max)
@@ -141,6 +142,22 @@ def split_kv_cached_attention(query_BxTxNxD: jax.Array, key_BxTxKxD: jax.Array, 
     )(query_BxTxNxD, key_BxTxKxD, value_BxTxKxD, cache["k"], cache["v"], write_index_BxT, query_index_BxT,
       *layer_args)
     return out, {"k": keys, "v": values}
+
+
+def cached_partial_softmax(q_BxTxKxGxD: jax.Array, keys: jax.Array, values: jax.Array, layer: jax.Array | None,
+                           limit_B: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`_partial_softmax` of the queries over the cached positions i < limit_B[b] of `keys` / `values` ([B, S, K, D],
+    or with `layer` the [L, B, S, K, D] stacks and that layer): on TPU, for a decode's few query rows, the Pallas
+    kernel reading the stacks in place (mercury_kernels/cached_attention); else XLA on the layer's slice (a copy)."""
+    dt = q_BxTxKxGxD.dtype
+    _, T, _, G, _ = q_BxTxKxGxD.shape
+    if target_platform() == "tpu" and T * G <= MAX_ROWS and keys.dtype == dt:
+        stacks = (keys, values, layer) if layer is not None else (keys[None], values[None], jnp.int32(0))
+        return pallas_cached_partial_softmax(q_BxTxKxGxD, *stacks, limit_B)
+    keys_BxSxKxD, values_BxSxKxD = (keys, values) if layer is None else (keys[layer], values[layer])
+    S = keys_BxSxKxD.shape[1]
+    visible_BxTxS = jnp.broadcast_to((jnp.arange(S)[None, :] < limit_B[:, None])[:, None, :], (len(limit_B), T, S))
+    return _partial_softmax(q_BxTxKxGxD, keys_BxSxKxD.astype(dt), values_BxSxKxD.astype(dt), visible_BxTxS)
 
 
 def _partial_softmax(q_BxTxKxGxD, keys_BxSxKxD, values_BxSxKxD, visible_BxTxS):

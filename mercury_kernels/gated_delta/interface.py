@@ -5,10 +5,10 @@ Implementations are registered by name in `_IMPLEMENTATIONS`; each takes the sam
 """
 from __future__ import annotations
 
-from kernels.gated_delta.chunked import chunked_gated_delta_rule
-from kernels.gated_delta.pallas import pallas_gated_delta_rule
-from kernels.gated_delta.reference import recurrent_gated_delta_rule
-from kernels.platform import target_platform
+from mercury_kernels.gated_delta.chunked import chunked_gated_delta_rule
+from mercury_kernels.gated_delta.pallas import pallas_gated_delta_rule
+from mercury_kernels.gated_delta.reference import recurrent_gated_delta_rule
+from mercury_kernels.platform import target_platform
 
 
 def _recurrent(q, k, v, g, beta, initial_state, segment_ids, chunk_size):

@@ -28,7 +28,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kernels.gated_delta.reference import segment_starts
+from mercury_kernels.gated_delta.reference import segment_starts
 
 _PRECISION = jax.lax.Precision.HIGHEST  # fp32 semantics; TPU's default f32 matmul rounds operands to bf16.
 

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels.platform import target_platform
+from mercury_kernels.platform import target_platform
 
 _F32 = jnp.float32
 _ROWS = 8  # sublanes: the token rows are padded to a multiple of this

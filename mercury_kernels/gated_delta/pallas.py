@@ -39,8 +39,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels.gated_delta.reference import segment_starts
-from kernels.platform import target_platform
+from mercury_kernels.gated_delta.reference import segment_starts
+from mercury_kernels.platform import target_platform
 
 _F32 = jnp.float32
 _PRECISION = jax.lax.Precision.HIGHEST  # fp32 semantics; TPU's default f32 matmul rounds operands to bf16.
