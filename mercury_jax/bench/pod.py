@@ -380,20 +380,44 @@ def seconds(value: float) -> str:
     return f"{value:.1f} s" if value >= 1 else f"{value * 1e3:.2f} ms"
 
 
+def episodes_per_step(config) -> int:
+    """The episodes a step trains on: SAO's prompts, GRPO's states x their group."""
+    return config.sao.batch_prompts if "sao" in config else config.grpo.batch_states * config.grpo.group_size
+
+
+def rollout_seconds(episodes: int, generated: int, prefilled: int, replicas: int, slots: int, decode_step_s: float,
+                    prefill_tokens: int, prefill_s: float) -> tuple[float, float]:
+    """(rollout seconds for a batch, seconds for one episode): the batch's decode steps with all `replicas x slots`
+    slots busy plus its prefills (ceil(prefilled / prefill_tokens) calls an episode) spread over the replicas, never
+    less than one episode, whose tokens come one decode step after another."""
+    prefills = math.ceil(prefilled / prefill_tokens)
+    episode_s = generated * decode_step_s + prefills * prefill_s
+    batch_s = (math.ceil(episodes * generated / (replicas * slots)) * decode_step_s
+               + math.ceil(episodes * prefills / replicas) * prefill_s)
+    return max(batch_s, episode_s), episode_s
+
+
+def async_step_seconds(rollout_s: float, learner_s: float, episode_s: float, max_staleness: int) -> float:
+    """An async step: the rollout and the learner overlap, and a step is never shorter than an episode over the
+    staleness bound (a trajectory may lag at most that many policy versions)."""
+    free = max(rollout_s, learner_s)
+    return max(free, episode_s / max_staleness) if max_staleness else free
+
+
 def step_estimate(config, results: list[Result], rollout: dict, generated: int, chips: int) -> str:
     """Seconds per step from the rooflines (lower bounds) and the model FLOP utilisation they imply, in words."""
     by_name = {r.program.name: r for r in results}
     pipeline = "sao" if "sao" in config else "grpo"
     r = config.rollout
-    episodes = config.sao.batch_prompts if pipeline == "sao" else config.grpo.batch_states * config.grpo.group_size
+    episodes = episodes_per_step(config)
     prefilled = max(r.max_total_tokens - generated, 0)
     decode, prefill = by_name.get("rollout decode"), by_name.get("rollout prefill")
     slots_total = rollout["replicas"] * rollout["slots"]
     decode_steps = math.ceil(episodes * generated / slots_total)
-    decode_s = decode.roofline_s / rollout["steps"] * decode_steps
-    prefill_calls = math.ceil(episodes * prefilled / rollout["prefill_tokens"])
-    prefill_s = prefill.roofline_s * math.ceil(prefill_calls / rollout["replicas"])
-    rollout_s = decode_s + prefill_s
+    prefill_calls = episodes * math.ceil(prefilled / rollout["prefill_tokens"])
+    rollout_s, episode_s = rollout_seconds(episodes, generated, prefilled, rollout["replicas"], rollout["slots"],
+                                           decode.roofline_s / rollout["steps"], rollout["prefill_tokens"],
+                                           prefill.roofline_s)
     learner = [x for x in results if not x.program.name.startswith(("rollout", "publish"))]
     learner_s = sum(x.roofline_s * x.program.per_step for x in learner)
     if pipeline == "sao":  # the critic's K steps and the actor step run on their own chips at the same time
@@ -406,7 +430,8 @@ def step_estimate(config, results: list[Result], rollout: dict, generated: int, 
     # publish (its send reads and writes their HBM while they decode), so it costs both sides
     assembly_s = (episodes * r.max_total_tokens * TRAJECTORY_BYTES_PER_TOKEN / DCN_BYTES_PER_S + ASSEMBLY_ROUNDS_S
                   if async_mode else 0.0)
-    step_s = (max(rollout_s + publish_s, assembly_s + learner_s + publish_s) if async_mode
+    staleness = config.sao.max_staleness if pipeline == "sao" else 0
+    step_s = (async_step_seconds(rollout_s, assembly_s + learner_s, episode_s, staleness) + publish_s if async_mode
               else rollout_s + learner_s + publish_s)
     rollout_flops = decode.program.model_flops / rollout["steps"] / rollout["slots"] * episodes * generated
     rollout_flops += prefill.program.model_flops / rollout["prefill_tokens"] * episodes * prefilled
@@ -417,14 +442,15 @@ def step_estimate(config, results: list[Result], rollout: dict, generated: int, 
             f"`--generated-tokens`). Rollout: {decode_steps:,} decode steps x "
             f"{decode.roofline_s / rollout['steps'] * 1e3:.2f} ms (every one of the {slots_total} slots busy) + "
             f"{prefill_calls} prefills of {rollout['prefill_tokens']:,} tokens over {rollout['replicas']} replica(s) "
-            f"x {prefill.roofline_s * 1e3:.1f} ms = **{seconds(rollout_s)}**. Learner: "
+            f"x {prefill.roofline_s * 1e3:.1f} ms, never less than one episode = **{seconds(rollout_s)}**. Learner: "
             + ("values + max(K x critic step, actor step) (critic and actor chips work at once)" if pipeline == "sao"
                else "reference + optimiser steps") + f" = **{seconds(learner_s)}**; publish {publish_s * 1e3:.0f} ms. "
             + (f"Batch assembly across hosts (async): {episodes} x {r.max_total_tokens:,} tokens x "
                f"{TRAJECTORY_BYTES_PER_TOKEN} B to every host at {DCN_BYTES_PER_S / 1e9:.1f} GB/s + "
                f"{ASSEMBLY_ROUNDS_S * 1e3:.0f} ms of rounds = {seconds(assembly_s)}. " if async_mode else "")
-            + "Step: " + ("max(rollout + publish, assembly + learner + publish) (async: the two sides overlap; the "
-                          "rollout hosts join every publish)" if async_mode
+            + "Step: " + (f"max(rollout, assembly + learner, episode {seconds(episode_s)} / max staleness "
+                          f"{staleness}) + publish (async: the two sides overlap; the rollout hosts join every "
+                          "publish)" if async_mode
                           else "rollout + learner + publish (sync)") + f" = **{seconds(step_s)}**. "
             f"Model FLOPs per step (hand count: 2 N per generated or prefilled token, 6 N per trained token, N the "
             f"active parameters, plus causal attention) {(rollout_flops + learner_flops) / 1e12:,.1f} TFLOP over "

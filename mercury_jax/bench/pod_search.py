@@ -33,8 +33,8 @@ if __name__ == "__main__":  # before jax starts: the decode chunks' optimised HL
     dump_optimised_hlo()
 
 from mercury_jax.bench.pod import (  # noqa: E402, I001
-    GIB, active_parameters, attention_flops_per_token, grpo_programs, load_config, model_config, sao_programs,
-    topology_devices)
+    GIB, active_parameters, async_step_seconds, attention_flops_per_token, episodes_per_step, grpo_programs,
+    load_config, model_config, rollout_seconds, sao_programs, topology_devices)
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
@@ -120,17 +120,14 @@ def evaluate(config, cfg, decode: dict, learner: list, split: dict, shape: dict,
     replicas = split["rollout"] // per_replica
     cost = decode[(tuple(shape.items()), slots)]
     sao = "sao" in config
-    episodes = config.sao.batch_prompts if sao else config.grpo.batch_states * config.grpo.group_size
+    episodes = episodes_per_step(config)
     active, _ = active_parameters(cfg)
     per_token = 2 * active + attention_flops_per_token(cfg, r.max_total_tokens)
     prefill_tokens = bucket_length(r.max_total_tokens - r.max_turn_tokens, r.max_total_tokens)
     prefilled = max(r.max_total_tokens - generated, 0)
     prefill_s = per_token * prefill_tokens / (per_replica * V5P_PEAK_FLOPS)
-    per_episode_prefills = math.ceil(prefilled / prefill_tokens)
-    episode_s = generated * cost.step_s + per_episode_prefills * prefill_s
-    # all slots busy; never less than one episode, whose tokens come one decode step after another
-    rollout_s = max(math.ceil(episodes * generated / (replicas * slots)) * cost.step_s
-                    + math.ceil(episodes * per_episode_prefills / replicas) * prefill_s, episode_s)
+    rollout_s, episode_s = rollout_seconds(episodes, generated, prefilled, replicas, slots, cost.step_s,
+                                           prefill_tokens, prefill_s)
     chips = {role: split[role] for role in split}
     seconds = {name: flops / (chips["critic" if role == "critic" else "actor"] * V5P_PEAK_FLOPS)
                for name, role, flops in learner}
@@ -141,7 +138,7 @@ def evaluate(config, cfg, decode: dict, learner: list, split: dict, shape: dict,
     async_mode = r.get("mode", "sync") == "async"
     bound = config.sao.max_staleness if sao else 0
     free_step = max(rollout_s, learner_s) if async_mode else rollout_s + learner_s
-    step = max(free_step, episode_s / bound) if async_mode and bound else free_step
+    step = async_step_seconds(rollout_s, learner_s, episode_s, bound) if async_mode else free_step
     flops = per_token * episodes * (generated + prefilled) + sum(f for _, _, f in learner)
     resident = cost.engine_gib if async_mode else 0.0  # the evaluation engine beside the worker's (async)
     return dict(split=split, shape=shape, slots=slots, replicas=replicas, decode_ms=cost.step_s * 1e3,
