@@ -83,6 +83,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.behaviour = common.behaviour_config()   # the rewards of the policy episodes and the sweep's
 
     # Device groups (consecutive slices of jax.devices()); all 0 = everything shares the default device.
+    # 64 / 64 with 16 replicas of 8 slots: the layout search (`bench.pod_search`, BENCHMARKS "Layout search") finds
+    # nothing that fits more than 1% faster (23.5 s a step estimated; rollout 96 / actor 32, 4 slots a replica: 23.2 s).
     c.devices = ml_collections.ConfigDict(dict(rollout=64, actor=64))
     # The learner roles' meshes; the frozen reference lives on the actor's devices, on a mesh of its own shape.
     c.mesh = common.mesh_config(("actor", "reference"))

@@ -157,9 +157,14 @@ def run(argv=None) -> int:
     parser.add_argument("--headroom", type=float, default=0.8)
     parser.add_argument("--generated-tokens", type=int, default=0)
     parser.add_argument("--top", type=int, default=8)
+    parser.add_argument("--max-staleness", type=int, default=-1,
+                        help="SAO's sao.max_staleness for this search (default: the config's); not written")
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args(argv)
     config = load_config(args.config)
+    if args.max_staleness >= 0 and "sao" in config:
+        config.sao.max_staleness = args.max_staleness
+        args.write = False  # a what-if, not the run's layout
     total = sum(dict(config.devices).values())
     devices, topology, hbm_bytes = topology_devices(args.topology, total)
     cfg = model_config(config, args.preset)
