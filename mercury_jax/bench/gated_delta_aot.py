@@ -6,7 +6,7 @@ side, `chunked_gated_delta_rule` (`--impls`), forward and forward+backward for `
 compile time, `compiled.memory_analysis()` per chip, the compiler's cost analysis and whether the compiled HLO
 holds the Mosaic custom calls. Needs libtpu (not a runtime dependency):
 
-    pip install --target LIBTPU_DIR "libtpu==0.0.42.*"      # the version jax 0.10 pins
+    pip install --target LIBTPU_DIR "libtpu==0.0.52"        # the compiler of the BENCHMARKS figures (README)
     PYTHONPATH=<libtpu dir> python -m mercury_jax.bench.gated_delta_aot --batch 8 --seq 1024 --heads 32
 """
 from __future__ import annotations
