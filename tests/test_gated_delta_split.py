@@ -7,6 +7,8 @@
   state (fp32, 1e-5 relative: the same algebra, the entering state composed in another order) and its gradients
   with respect to q, k, v, g, beta and the initial state, with packed documents that start exactly on, just before
   and just after a chip boundary; for the chunked form (2 and 4 chips) and the Pallas kernel (interpret mode, 4).
+- The model's zig-zag order (chip c holds spans c and 2n - 1 - c of 2n, `span_table`): the same equality on 2 and
+  4 chips, the inputs permuted into that order on the host and the outputs back.
 """
 from __future__ import annotations
 
@@ -53,10 +55,16 @@ def _split(fn, chips):
                                  out_specs=(row, whole), check_vma=False))
 
 
-@pytest.mark.parametrize("chips,impl", [(2, "chunked"), (4, "chunked"), (4, "pallas")])
-def test_a_split_row_equals_the_unsplit_rule_values_and_gradients(chips, impl):
+def _zigzag(chips):
+    c = np.arange(chips)
+    return np.stack([c, 2 * chips - 1 - c], axis=1)
+
+
+@pytest.mark.parametrize("chips,impl,zigzag", [(2, "chunked", False), (4, "chunked", False), (4, "pallas", False),
+                                               (2, "chunked", True), (4, "chunked", True)])
+def test_a_split_row_equals_the_unsplit_rule_values_and_gradients(chips, impl, zigzag):
     T = 32
-    span = T // chips
+    span = T // (2 * chips) if zigzag else T // chips
     x = make_inputs(1, batch=3, time=T, heads=2, key_dim=16, value_dim=8)
     # row 0: one document; row 1: documents start on a boundary and just after another; row 2: just before one
     ids = segments([[T], [span, 1, T - span - 1], [span - 1, T - span + 1]], [[0], [0, 1, 2], [0, 1]])
@@ -66,9 +74,17 @@ def test_a_split_row_equals_the_unsplit_rule_values_and_gradients(chips, impl):
         return gated_delta_rule(q, k, v, g, beta, initial_state_BxHxKxV=s0, segment_ids_BxT=seg, impl=impl,
                                 chunk_size=4)
 
-    split = _split(lambda q, k, v, g, beta, s0, seg: split_gated_delta_rule(
-        q, k, v, g, beta, axis="sequence", initial_state_BxHxKxV=s0, segment_ids_BxT=seg, impl=impl, chunk_size=4),
-        chips)
+    table = _zigzag(chips) if zigzag else None
+    # position p of the split order holds row position perm[p]: span table.flat[p // span], offset p % span
+    perm = np.arange(T) if table is None else (table.reshape(-1)[:, None] * span + np.arange(span)).reshape(-1)
+    back = np.argsort(perm)
+    sharded = _split(lambda q, k, v, g, beta, s0, seg: split_gated_delta_rule(
+        q, k, v, g, beta, axis="sequence", span_table=table, initial_state_BxHxKxV=s0, segment_ids_BxT=seg,
+        impl=impl, chunk_size=4), chips)
+
+    def split(q, k, v, g, beta, s0, seg):
+        o, s = sharded(*(a[:, perm] for a in (q, k, v, g, beta)), s0, seg[:, perm])
+        return o[:, back], s
     (want_o, want_s), (got_o, got_s) = unsplit(*args), split(*args)
     np.testing.assert_allclose(got_o, want_o, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got_s, want_s, rtol=1e-5, atol=1e-5)

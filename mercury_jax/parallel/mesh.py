@@ -1,4 +1,7 @@
-"""The project's mesh: axes ('data', 'fsdp', 'expert', 'tensor'); a single device is a 1x1x1x1 mesh."""
+"""The project's mesh: axes ('data', 'fsdp', 'sequence', 'expert', 'tensor'); a single device is a 1x1x1x1x1 mesh.
+
+'sequence' splits one row's positions over chips (context parallelism, `models/qwen35_moe/row_split.py`); at
+size 1 (the default) a mesh is what it was with four axes."""
 from __future__ import annotations
 
 import functools
@@ -9,7 +12,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-MESH_AXES = ("data", "fsdp", "expert", "tensor")
+MESH_AXES = ("data", "fsdp", "sequence", "expert", "tensor")
 
 
 def make_mesh(shape: dict[str, int] | None = None, devices: Sequence[jax.Device] | None = None) -> Mesh:

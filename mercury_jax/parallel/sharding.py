@@ -33,9 +33,10 @@ DEFAULT_RULES: Mapping[str, str | tuple[str, ...] | None] = {
     "experts_router": None,
     "norm": None,
     "layers": None,
-    # activations (`constrain`): rows over every axis that splits rows, sequence and hidden dim whole per row
+    # activations (`constrain`): rows over every axis that splits rows, a row's positions over 'sequence' (size 1:
+    # whole rows; models/qwen35_moe/row_split.py), the hidden dim whole per token
     "activation_batch": ("data", "fsdp", "expert"),
-    "activation_length": None,
+    "activation_length": "sequence",
     "activation_embed": None,
     # a decode cache's sequence dim where its K/V split by position (models/qwen35_moe/split_kv_attention.py)
     "kv_sequence": "tensor",

@@ -10,6 +10,7 @@ is combined across chips (`split_kv_attention.py`).
 Without one (full forwards), `config.attention_impl` picks how the softmax is computed: "dense" builds the
 [B, K, G, T, S] scores, "blockwise" an online softmax over key blocks (`blockwise_attention.py`), "splash" the
 Pallas TPU kernel (`splash_attention.py`). The cached path is always dense (its scores are [T, cache length]).
+Rows split by position over the mesh's 'sequence' axis (`row_split`) gather K/V over it (`split_attention.py`).
 """
 from __future__ import annotations
 
@@ -20,13 +21,15 @@ from flax import nnx
 from mercury_jax.parallel import constrain, partitioned_mesh
 from models.qwen35_moe.blockwise_attention import blockwise_attention
 from models.qwen35_moe.config import ATTENTION_IMPLS, Qwen35MoeConfig
+from models.qwen35_moe.dense_attention import grouped_attention
 from models.qwen35_moe.norms import RMSNorm
 from models.qwen35_moe.params import cast, make_param, normal_init
 from models.qwen35_moe.rope import apply_rope, rope_cos_sin
+from models.qwen35_moe.row_split import RowSplit
 from models.qwen35_moe.splash_attention import splash_self_attention
+from models.qwen35_moe.split_attention import split_self_attention
 from models.qwen35_moe.split_kv_attention import kv_split_axis, split_kv_cached_attention
 
-_MASKED = -1e30
 QUERY_HEADS = ("activation_batch", "activation_length", "heads", "head_dim")
 KV_HEADS = ("activation_batch", "activation_length", "kv_heads", "head_dim")
 BLOCK_SIZE = 512  # query/key block of "blockwise" and "splash": [block, block] scores per head at a time
@@ -46,7 +49,8 @@ class Attention(nnx.Module):
 
     def __call__(self, x_BxTxH: jax.Array, *, positions_BxT: jax.Array, segment_ids_BxT: jax.Array | None = None,
                  cache: dict | None = None, cache_start_B: jax.Array | None = None,
-                 valid_BxT: jax.Array | None = None) -> tuple[jax.Array, dict | None]:
+                 valid_BxT: jax.Array | None = None, row_split: RowSplit | None = None
+                 ) -> tuple[jax.Array, dict | None]:
         cfg = self.config
         dt = x_BxTxH.dtype
         D = cfg.head_dim
@@ -61,7 +65,12 @@ class Attention(nnx.Module):
         query_BxTxNxD = apply_rope(query_BxTxNxD, cos, sin)
         key_BxTxKxD = apply_rope(key_BxTxKxD, cos, sin)
 
-        if cache is None:
+        if cache is None and row_split is not None:
+            out_BxTxNxD = constrain(split_self_attention(query_BxTxNxD, key_BxTxKxD, value_BxTxKxD, segment_ids_BxT,
+                                                         row_split, impl=cfg.attention_impl, block_size=BLOCK_SIZE),
+                                    QUERY_HEADS)
+            new_cache = None
+        elif cache is None:
             out_BxTxNxD = self_attention(query_BxTxNxD, key_BxTxKxD, value_BxTxKxD, segment_ids_BxT,
                                          impl=cfg.attention_impl)
             new_cache = None
@@ -120,18 +129,3 @@ def self_attention(query_BxTxNxD: jax.Array, key_BxTxKxD: jax.Array, value_BxTxK
     if segment_ids_BxT is not None:
         visible_BxTxS = visible_BxTxS & (segment_ids_BxT[:, :, None] == segment_ids_BxT[:, None, :])
     return grouped_attention(query_BxTxNxD, key_BxTxKxD, value_BxTxKxD, visible_BxTxS)
-
-
-def grouped_attention(query_BxTxNxD: jax.Array, keys_BxSxKxD: jax.Array, values_BxSxKxD: jax.Array,
-                      visible_BxTxS: jax.Array) -> jax.Array:
-    """softmax(q k^T / sqrt(D) where visible) v with query head h on KV head h // G; softmax in fp32."""
-    B, T, N, D = query_BxTxNxD.shape
-    K = keys_BxSxKxD.shape[2]
-    G = N // K
-    q_BxTxKxGxD = query_BxTxNxD.reshape(B, T, K, G, D)
-    scores_BxKxGxTxS = jnp.einsum("btkgd,bskd->bkgts", q_BxTxKxGxD, keys_BxSxKxD,
-                                  preferred_element_type=jnp.float32) * (D ** -0.5)
-    scores_BxKxGxTxS = jnp.where(visible_BxTxS[:, None, None], scores_BxKxGxTxS, _MASKED)
-    probs_BxKxGxTxS = jax.nn.softmax(scores_BxKxGxTxS, axis=-1).astype(query_BxTxNxD.dtype)
-    out_BxTxKxGxD = jnp.einsum("bkgts,bskd->btkgd", probs_BxKxGxTxS, values_BxSxKxD)
-    return out_BxTxKxGxD.reshape(B, T, N, D)

@@ -48,14 +48,16 @@ class DecoderLayer(nnx.Module):
         self.moe = SparseMoe(config, rngs=rngs)
 
     def __call__(self, x_BxTxH, *, positions_BxT, segment_ids_BxT, cache, cache_start_B, valid_BxT,
-                 stacked_experts=None):
+                 stacked_experts=None, row_split=None):
         x_BxTxH = checkpoint_name(constrain(x_BxTxH, BATCH_LENGTH_EMBED), LAYER_INPUT)
         normed = self.input_norm(x_BxTxH)
         if self.layer_type == FULL_ATTENTION:
             mixed, new_cache = self.mixer(normed, positions_BxT=positions_BxT, segment_ids_BxT=segment_ids_BxT,
-                                          cache=cache, cache_start_B=cache_start_B, valid_BxT=valid_BxT)
+                                          cache=cache, cache_start_B=cache_start_B, valid_BxT=valid_BxT,
+                                          row_split=row_split)
         else:
-            mixed, new_cache = self.mixer(normed, segment_ids_BxT=segment_ids_BxT, cache=cache, valid_BxT=valid_BxT)
+            mixed, new_cache = self.mixer(normed, segment_ids_BxT=segment_ids_BxT, cache=cache, valid_BxT=valid_BxT,
+                                          row_split=row_split)
         h_BxTxH = checkpoint_name(constrain(x_BxTxH + mixed, BATCH_LENGTH_EMBED), MOE_INPUT)
         moe_out, aux = self.moe(self.post_norm(h_BxTxH), stacked_experts=stacked_experts)
         return constrain(h_BxTxH + moe_out, BATCH_LENGTH_EMBED), new_cache, aux

@@ -7,6 +7,8 @@
 The HF fused `in_proj_qkv` / conv1d channels [q | k | v] are kept as three tensors here so each can be sharded
 by heads. With `segment_ids` the conv window and the state reset at every document start; with a cache the last
 `kernel - 1` pre-conv inputs and the fp32 state carry over, and steps past a row's valid length change nothing.
+Rows split by position over the mesh's 'sequence' axis (`row_split`) run the conv and the rule per shard, the
+conv window and the state handed across chips (`gdn_split.py`).
 """
 from __future__ import annotations
 
@@ -17,9 +19,12 @@ from flax import nnx
 from mercury_jax.parallel import constrain, per_shard
 from mercury_kernels.gated_delta import gated_delta_rule
 from mercury_kernels.gated_delta.interface import resolve_impl
+from models.qwen35_moe.causal_conv import causal_depthwise_conv
 from models.qwen35_moe.config import Qwen35MoeConfig
+from models.qwen35_moe.gdn_split import split_causal_conv, split_delta_rule
 from models.qwen35_moe.norms import GatedRMSNorm
 from models.qwen35_moe.params import cast, constant_init, make_param, normal_init
+from models.qwen35_moe.row_split import RowSplit
 
 KEY_HEADS = ("activation_batch", "activation_length", "linear_key_heads", "linear_head_dim")
 VALUE_HEADS = ("activation_batch", "activation_length", "linear_value_heads", "linear_head_dim")
@@ -55,7 +60,9 @@ class GatedDeltaNet(nnx.Module):
         self.out_proj = make_param(rngs, init, (Hv, Dv, H), ("linear_value_heads", "linear_head_dim", "embed"), pdt)
 
     def __call__(self, x_BxTxH: jax.Array, *, segment_ids_BxT: jax.Array | None = None, cache: dict | None = None,
-                 valid_BxT: jax.Array | None = None) -> tuple[jax.Array, dict | None]:
+                 valid_BxT: jax.Array | None = None, row_split: RowSplit | None = None
+                 ) -> tuple[jax.Array, dict | None]:
+        """With `row_split` (no cache) the rows arrive in split order over 'sequence' (`row_split.py`)."""
         cfg = self.config
         dt = x_BxTxH.dtype
         Hk, Hv, Dk = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim
@@ -68,11 +75,17 @@ class GatedDeltaNet(nnx.Module):
 
         windows = None if cache is None else (cache["conv_q"], cache["conv_k"], cache["conv_v"])
         convolved, new_windows = [], []
-        for i, (pre_BxTxNxD, weight) in enumerate(((q_BxTxHkxDk, self.conv_q), (k_BxTxHkxDk, self.conv_k),
-                                                  (v_BxTxHvxDv, self.conv_v))):
+        for i, (pre_BxTxNxD, weight, dims) in enumerate(((q_BxTxHkxDk, self.conv_q, KEY_HEADS),
+                                                        (k_BxTxHkxDk, self.conv_k, KEY_HEADS),
+                                                        (v_BxTxHvxDv, self.conv_v, VALUE_HEADS))):
             window = None if windows is None else windows[i]
-            out, new_window = causal_depthwise_conv(pre_BxTxNxD, cast(weight, dt), segment_ids_BxT=segment_ids_BxT,
-                                                    window_BxWm1xNxD=window, valid_BxT=valid_BxT)
+            if row_split is not None and cache is None:
+                out, new_window = split_causal_conv(pre_BxTxNxD, cast(weight, dt), segment_ids_BxT, row_split,
+                                                    dims), None
+            else:
+                out, new_window = causal_depthwise_conv(pre_BxTxNxD, cast(weight, dt),
+                                                        segment_ids_BxT=segment_ids_BxT, window_BxWm1xNxD=window,
+                                                        valid_BxT=valid_BxT)
             convolved.append(jax.nn.silu(out))
             new_windows.append(new_window)
         q_BxTxHkxDk, k_BxTxHkxDk, v_BxTxHvxDv = convolved
@@ -93,9 +106,14 @@ class GatedDeltaNet(nnx.Module):
         initial_state = None if cache is None else cache["state"]
         T = x_BxTxH.shape[1]
         impl = "recurrent" if (cache is not None and T == 1) else cfg.gdn_impl
-        o_BxTxHvxDv, final_state = _delta_rule(
-            q_BxTxHvxDk, k_BxTxHvxDk, v_BxTxHvxDv.astype(jnp.float32), g_BxTxHv, beta_BxTxHv, initial_state,
-            segment_ids_BxT, impl=impl, chunk_size=cfg.gdn_chunk_size)
+        rule_args = (q_BxTxHvxDk, k_BxTxHvxDk, v_BxTxHvxDv.astype(jnp.float32), g_BxTxHv, beta_BxTxHv, initial_state,
+                     segment_ids_BxT)
+        if row_split is not None and cache is None:
+            o_BxTxHvxDv, final_state = split_delta_rule(
+                *rule_args, row_split, impl=impl, chunk_size=cfg.gdn_chunk_size, value_dims=VALUE_HEADS,
+                gate_dims=GATE_HEADS, state_dims=STATE)
+        else:
+            o_BxTxHvxDv, final_state = _delta_rule(*rule_args, impl=impl, chunk_size=cfg.gdn_chunk_size)
         o_BxTxHvxDv = self.norm(o_BxTxHvxDv.astype(dt), z_BxTxHvxDv)
         out_BxTxH = jnp.einsum("btnd,ndh->bth", o_BxTxHvxDv, cast(self.out_proj, dt))
         new_cache = None
@@ -123,33 +141,3 @@ def _delta_rule(q_BxTxHxK, k_BxTxHxK, v_BxTxHxV, g_BxTxH, beta_BxTxH, initial_st
 def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
     """x * rsqrt(sum(x^2) + eps) over the last axis (the FLA / HF convention)."""
     return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
-
-
-def causal_depthwise_conv(x_BxTxNxD: jax.Array, weight_WxNxD: jax.Array, *, segment_ids_BxT: jax.Array | None,
-                          window_BxWm1xNxD: jax.Array | None, valid_BxT: jax.Array | None
-                          ) -> tuple[jax.Array, jax.Array | None]:
-    """y[t] = sum_j w[j] * x[t - (W-1) + j], zero before the sequence (or the cached window) and, with segment ids,
-    zero across a document start. Returns (y, new window of the last W-1 valid inputs) when a window is given."""
-    B, T = x_BxTxNxD.shape[:2]
-    W = weight_WxNxD.shape[0]
-    if window_BxWm1xNxD is None:
-        history_BxTpxNxD = jnp.pad(x_BxTxNxD, ((0, 0), (W - 1, 0), (0, 0), (0, 0)))
-    else:
-        history_BxTpxNxD = jnp.concatenate([window_BxWm1xNxD.astype(x_BxTxNxD.dtype), x_BxTxNxD], axis=1)
-    if segment_ids_BxT is not None:
-        seg_history = jnp.pad(segment_ids_BxT, ((0, 0), (W - 1, 0)), constant_values=-1)
-    y_BxTxNxD = jnp.zeros(x_BxTxNxD.shape, jnp.float32)
-    for j in range(W):
-        tap_BxTxNxD = history_BxTpxNxD[:, j:j + T]
-        if segment_ids_BxT is not None:
-            same = seg_history[:, j:j + T] == segment_ids_BxT
-            tap_BxTxNxD = jnp.where(same[..., None, None], tap_BxTxNxD, 0)
-        y_BxTxNxD = y_BxTxNxD + tap_BxTxNxD.astype(jnp.float32) * weight_WxNxD[j].astype(jnp.float32)
-    new_window = None
-    if window_BxWm1xNxD is not None:
-        lengths_B = jnp.full((B,), T) if valid_BxT is None else jnp.sum(valid_BxT, axis=1)
-        # history index of token t is t + W - 1, so the last W-1 valid inputs start at index `length`
-        index_BxWm1 = lengths_B[:, None] + jnp.arange(W - 1)[None, :]
-        new_window = jnp.take_along_axis(history_BxTpxNxD, index_BxWm1[:, :, None, None], axis=1)
-        new_window = new_window.astype(window_BxWm1xNxD.dtype)
-    return y_BxTxNxD.astype(x_BxTxNxD.dtype), new_window

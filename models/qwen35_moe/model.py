@@ -3,6 +3,8 @@
     x = embed[ids];  x = decoder_stack(x);  hidden = norm_final(x);  logits = hidden @ lm_head   (no scaling)
 `__call__` is the full forward (fp32 logits). `extend` runs new tokens against a decode cache (prefill is extend
 on an empty cache, a decode step is extend with T = 1); rows advance by their own valid lengths.
+On a mesh whose 'sequence' axis is > 1 a full forward splits each row's positions over it: the embeddings,
+positions and segment ids enter in zig-zag span order and the hidden states leave in row order (`row_split.py`).
 """
 from __future__ import annotations
 
@@ -18,6 +20,9 @@ from models.qwen35_moe.embedding import embed_tokens
 from models.qwen35_moe.moe import load_balancing_loss
 from models.qwen35_moe.norms import RMSNorm
 from models.qwen35_moe.params import cast, make_param, normal_init
+from models.qwen35_moe.row_split import from_split_order, row_split, to_split_order
+
+ROW = ("activation_batch", "activation_length")
 
 
 def segment_positions(segment_ids_BxT: jax.Array) -> jax.Array:
@@ -49,7 +54,9 @@ class Qwen35MoeModel(nnx.Module):
         """Returns (hidden [B, T, H] after the final norm, new cache or None, aux with MoE routing stats)."""
         cfg = self.config
         B, T = input_ids_BxT.shape
-        x_BxTxH = constrain(embed_tokens(self.embed[...], input_ids_BxT, cfg.compute_dtype), BATCH_LENGTH_EMBED)
+        split = None if cache is not None else row_split(T, min_span=cfg.linear_conv_kernel_dim - 1)
+        ids_BxT = input_ids_BxT if split is None else to_split_order(constrain(input_ids_BxT, ROW), split)
+        x_BxTxH = constrain(embed_tokens(self.embed[...], ids_BxT, cfg.compute_dtype), BATCH_LENGTH_EMBED)
         valid_BxT, cache_start_B = None, None
         if cache is not None:
             if segment_ids_BxT is not None:
@@ -63,8 +70,12 @@ class Qwen35MoeModel(nnx.Module):
         elif positions_BxT is None:
             positions_BxT = (segment_positions(segment_ids_BxT) if segment_ids_BxT is not None
                              else jnp.broadcast_to(jnp.arange(T), (B, T)))
+        if split is not None:  # rows split over 'sequence': the layers see them in zig-zag span order
+            positions_BxT = to_split_order(constrain(positions_BxT, ROW), split)
+            segment_ids_BxT = None if segment_ids_BxT is None else to_split_order(constrain(segment_ids_BxT, ROW),
+                                                                                  split)
         layer_kwargs = dict(positions_BxT=positions_BxT, segment_ids_BxT=segment_ids_BxT,
-                            cache_start_B=cache_start_B, valid_BxT=valid_BxT)
+                            cache_start_B=cache_start_B, valid_BxT=valid_BxT, row_split=split)
 
         auxes, new_cache = [], None
         if self.blocks is not None:
@@ -85,7 +96,10 @@ class Qwen35MoeModel(nnx.Module):
                          "tail": tail_caches}
         aux = jax.tree.map(lambda *xs: sum(xs), *auxes)
         aux["num_tokens"] = jnp.asarray(B * T, jnp.float32)
-        return self.final_norm(x_BxTxH), new_cache, aux
+        hidden_BxTxH = self.final_norm(x_BxTxH)
+        if split is not None:
+            hidden_BxTxH = constrain(from_split_order(hidden_BxTxH, split), BATCH_LENGTH_EMBED)
+        return hidden_BxTxH, new_cache, aux
 
 
 class Qwen35MoeForCausalLM(nnx.Module):

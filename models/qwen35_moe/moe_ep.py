@@ -2,7 +2,7 @@
 
 Computes exactly `moe.routed_experts` (out[n] = sum_k w[n, k] * Expert_{e[n, k]}(x[n]), dropless), distributed:
 
-  1. tokens are split over the mesh axes ('data', 'fsdp', 'expert'; a token count that does not divide is padded
+  1. tokens are split over the mesh axes ('data', 'fsdp', 'expert', 'sequence'; a token count that does not divide is padded
      with tokens that pick no expert); each device routes its own tokens (`ep_moe`: router, softmax, top-k) and
      sorts its n*K (token, expert) pairs by expert, which is also by owner device (expert e lives on expert-rank
      e // E_local);
@@ -47,7 +47,7 @@ from mercury_jax.parallel.mesh import MESH_AXES
 from mercury_kernels.platform import target_platform
 from models.qwen35_moe.routing import route
 
-TOKEN_AXES = ("data", "fsdp", "expert")
+TOKEN_AXES = ("data", "fsdp", "expert", "sequence")  # [B T] flattened: rows outer, positions inner
 EXPERT_AXIS = "expert"
 TENSOR_AXIS = "tensor"
 DISPATCHES = ("auto", "ragged", "padded")

@@ -27,32 +27,12 @@ def splash_self_attention(query_BxTxNxD: jax.Array, key_BxTxKxD: jax.Array, valu
                           segment_ids_BxT: jax.Array | None = None, *, block_size: int = 512,
                           interpret: bool = False) -> jax.Array:
     """softmax(q k^T / sqrt(D) + causal/segment mask) v with query head h on KV head h // (N / K): [B, T, N, D]."""
-    B, T, N, D = query_BxTxNxD.shape
-    if block_size % _LANES:
-        raise ValueError(f"splash attention: block_size {block_size} must be a multiple of {_LANES}")
-    block = min(block_size, _LANES * -(-T // _LANES))
-    T_pad = block * -(-T // block)
-    pad = ((0, 0), (0, T_pad - T), (0, 0), (0, 0))
-    q_BxNxTxD = jnp.swapaxes(jnp.pad(query_BxTxNxD * jnp.asarray(D ** -0.5, query_BxTxNxD.dtype), pad), 1, 2)
-    k_BxKxTxD = jnp.swapaxes(jnp.pad(key_BxTxKxD, pad), 1, 2)
-    v_BxKxTxD = jnp.swapaxes(jnp.pad(value_BxTxKxD, pad), 1, 2)
-    segments_BxT = None if segment_ids_BxT is None else jnp.pad(segment_ids_BxT.astype(jnp.int32),
-                                                                ((0, 0), (0, T_pad - T)))
-    kernel = splash.make_splash_mha_single_device(
-        splash.MultiHeadMask([splash.CausalMask((T_pad, T_pad))] * N),
-        block_sizes=splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
-                                      block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block,
-                                      block_kv_dq=block),
-        interpret=interpret)
+    B = query_BxTxNxD.shape[0]
 
-    def rows(q_BxNxTxD, k_BxKxTxD, v_BxKxTxD, *segments):
-        if not segments:
-            return jax.vmap(kernel)(q_BxNxTxD, k_BxKxTxD, v_BxKxTxD)
-        ids = segments[0]
-        return jax.vmap(lambda q, k, v, s: kernel(q, k, v, segment_ids=splash.SegmentIds(q=s, kv=s)))(
-            q_BxNxTxD, k_BxKxTxD, v_BxKxTxD, ids)
+    def rows(*args):
+        return splash_rows(*args, block_size=block_size, interpret=interpret)
 
-    args = (q_BxNxTxD, k_BxKxTxD, v_BxKxTxD) + (() if segments_BxT is None else (segments_BxT,))
+    args = (query_BxTxNxD, key_BxTxKxD, value_BxTxKxD) + (() if segment_ids_BxT is None else (segment_ids_BxT,))
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty and math.prod(mesh.shape.values()) > 1:
         batch_axes = tuple(a for a in BATCH_AXES if a in mesh.shape)
@@ -63,5 +43,38 @@ def splash_self_attention(query_BxTxNxD: jax.Array, key_BxTxKxD: jax.Array, valu
                              f"attention_impl='blockwise'")
         spec = P(batch_axes or None)
         rows = jax.shard_map(rows, mesh=mesh, in_specs=(spec,) * len(args), out_specs=spec, check_vma=False)
-    out_BxNxTxD = rows(*args)
+    return rows(*args)
+
+
+def splash_rows(query_BxTxNxD: jax.Array, key_BxSxKxD: jax.Array, value_BxSxKxD: jax.Array,
+                segment_ids_BxT: jax.Array | None = None, key_segment_ids_BxS: jax.Array | None = None, *,
+                query_offset: int = 0, block_size: int = 512, interpret: bool = False) -> jax.Array:
+    """The kernel on whole rows as given (no mesh logic): queries at positions `query_offset` + t (static) over keys
+    at 0 .. S - 1 (S = T when 0), key k visible to query q when k <= q and (with segment ids) same document."""
+    B, T, N, D = query_BxTxNxD.shape
+    S = key_BxSxKxD.shape[1]
+    if block_size % _LANES:
+        raise ValueError(f"splash attention: block_size {block_size} must be a multiple of {_LANES}")
+    block = min(block_size, _LANES * -(-max(T, S) // _LANES))
+    T_pad, S_pad = block * -(-T // block), block * -(-S // block)
+    pad_q, pad_k = ((0, 0), (0, T_pad - T), (0, 0), (0, 0)), ((0, 0), (0, S_pad - S), (0, 0), (0, 0))
+    q_BxNxTxD = jnp.swapaxes(jnp.pad(query_BxTxNxD * jnp.asarray(D ** -0.5, query_BxTxNxD.dtype), pad_q), 1, 2)
+    k_BxKxSxD = jnp.swapaxes(jnp.pad(key_BxSxKxD, pad_k), 1, 2)
+    v_BxKxSxD = jnp.swapaxes(jnp.pad(value_BxSxKxD, pad_k), 1, 2)
+    kernel = splash.make_splash_mha_single_device(
+        splash.MultiHeadMask([splash.CausalMask((T_pad, S_pad), offset=query_offset)] * N),
+        block_sizes=splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
+                                      block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block,
+                                      block_kv_dq=block),
+        interpret=interpret)
+    if segment_ids_BxT is None:
+        out_BxNxTxD = jax.vmap(kernel)(q_BxNxTxD, k_BxKxSxD, v_BxKxSxD)
+    else:
+        if key_segment_ids_BxS is None:
+            key_segment_ids_BxS = segment_ids_BxT
+        # padded keys come after every real query: the causal mask hides them whatever their document
+        q_seg = jnp.pad(segment_ids_BxT.astype(jnp.int32), ((0, 0), (0, T_pad - T)))
+        k_seg = jnp.pad(key_segment_ids_BxS.astype(jnp.int32), ((0, 0), (0, S_pad - S)))
+        out_BxNxTxD = jax.vmap(lambda q, k, v, qs, ks: kernel(q, k, v, segment_ids=splash.SegmentIds(q=qs, kv=ks)))(
+            q_BxNxTxD, k_BxKxSxD, v_BxKxSxD, q_seg, k_seg)
     return jnp.swapaxes(out_BxNxTxD, 1, 2)[:, :T]
