@@ -55,8 +55,7 @@ def _loss(graphdef, state, ids, segments):
 def _check(mesh_shape, rows=4, **overrides):
     chips = mesh_shape["sequence"]
     ids, segments = _batch(rows, chips)
-    graphdef, state = nnx.split(_model(**{**overrides, "attention_impl": overrides.get("attention_impl", "dense"),
-                                          "gdn_impl": overrides.get("gdn_impl", "chunked")}))
+    graphdef, state = nnx.split(_model(**overrides))  # the same implementations, unsplit on one device
     want_loss, want_grads = jax.value_and_grad(_loss, argnums=1)(graphdef, state, ids, segments)
 
     mesh = make_mesh(mesh_shape, jax.devices()[:int(np.prod(list(mesh_shape.values())))])
@@ -93,9 +92,11 @@ def test_split_rows_blockwise_attention_four_chips_beside_data():
 @pytest.mark.slow
 @pytest.mark.parametrize("chips", [2, 4])
 def test_split_rows_pallas_rule_and_splash_attention_interpreted(chips, monkeypatch):
+    import models.qwen35_moe.attention as attention
     import models.qwen35_moe.split_attention as split_attention
-    real = split_attention.splash_rows
-    monkeypatch.setattr(split_attention, "splash_rows", lambda *a, **k: real(*a, **k, interpret=True))
+    whole, split = attention.splash_self_attention, split_attention.splash_rows
+    monkeypatch.setattr(attention, "splash_self_attention", lambda *a, **k: whole(*a, **k, interpret=True))
+    monkeypatch.setattr(split_attention, "splash_rows", lambda *a, **k: split(*a, **k, interpret=True))
     _check({"sequence": chips}, attention_impl="splash", gdn_impl="pallas")
 
 

@@ -30,6 +30,7 @@ from mercury_jax.train.optim import make_optimizer
 from mercury_jax.train.state import TrainState
 
 ROW_AXES = ("data", "fsdp", "expert")
+SEQUENCE_AXIS = "sequence"  # a row's positions (models/qwen35_moe/row_split.py)
 GROUP_ORDER = ("rollout", "actor", "critic")  # the device groups' order on the device list (a ConfigDict sorts keys)
 DEVICE_GROUP_OF = {"reference": "actor"}  # a role without a device group of its own shares this one's devices
 DEVICE_LAYOUTS = ("consecutive", "per_process")  # how the groups take devices (config.device_layout)
@@ -135,11 +136,17 @@ def step_shardings(state: TrainState):
 
 
 def batch_to_mesh(batch: Mapping, mesh) -> dict:
-    """Host arrays [B, ...] onto `mesh`, rows split over `ROW_AXES`. Every process holds the whole batch (in a
+    """Host arrays [B, ...] onto `mesh`, rows split over `ROW_AXES` (and a [B, T, ...]'s positions over 'sequence'). Every process holds the whole batch (in a
     multi-process run the trajectories reach every host, `rollout/sharded_runner.py`) and places the rows of its
     own devices."""
-    sharding = NamedSharding(mesh, PartitionSpec(ROW_AXES))
-    return {k: from_host(v, sharding) for k, v in batch.items()}
+    rows = NamedSharding(mesh, PartitionSpec(ROW_AXES))
+    positions = mesh.shape.get(SEQUENCE_AXIS, 1)
+    split = NamedSharding(mesh, PartitionSpec(ROW_AXES, SEQUENCE_AXIS))
+
+    def place(v):  # a [B, T, ...] whose T the 'sequence' axis divides: positions split too, as the model has them
+        by_position = positions > 1 and np.ndim(v) >= 2 and np.shape(v)[1] % positions == 0
+        return from_host(v, split if by_position else rows)
+    return {k: place(v) for k, v in batch.items()}
 
 
 def shardings_of(tree):

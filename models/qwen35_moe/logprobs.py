@@ -4,17 +4,28 @@
     entropy[b, t] = logsumexp(z) - sum_v softmax(z)_v z_v,   z = h[b, t] @ W
 Only a [B, chunk, V] block of fp32 logits exists at a time: a `lax.scan` walks the sequence, and each chunk is
 rematerialised in the backward pass (`jax.checkpoint`), so neither pass stores full-vocabulary logits for the
-sequence. Gradients flow to the hidden states and to W.
+sequence. Gradients flow to the hidden states and to W. On a mesh that splits rows by position over 'sequence'
+(`row_split.py`) each chip's part of a row is a row of its own for the scan ([B, T, H] -> [B s, T / s, H], a
+reshape that keeps every chip's tokens where they are), so the chunks never cross chips.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
+from models.qwen35_moe.row_split import sequence_shards
+
 
 def token_logprobs(hidden_BxTxH: jax.Array, lm_head_HxV: jax.Array, targets_BxT: jax.Array, *,
                    chunk_size: int = 1024, with_entropy: bool = False):
     """log p(targets) [B, T] fp32 (and the entropy [B, T] when `with_entropy`)."""
+    shards = sequence_shards(hidden_BxTxH.shape[1])
+    if shards > 1:
+        B, T, H = hidden_BxTxH.shape
+        out = token_logprobs(hidden_BxTxH.reshape(B * shards, T // shards, H), lm_head_HxV,
+                             targets_BxT.reshape(B * shards, T // shards), chunk_size=chunk_size,
+                             with_entropy=with_entropy)
+        return jax.tree.map(lambda a: a.reshape(B, T), out)
     B, T, H = hidden_BxTxH.shape
     chunk = min(chunk_size, T)
     n_chunks = -(-T // chunk)
@@ -50,7 +61,9 @@ def sequence_logprobs(model, input_ids_BxT: jax.Array, *, segment_ids_BxT=None, 
     """log p(input_ids[t] | input_ids[<t]) aligned with the token it scores: entry t uses the hidden state at
     t - 1; entry 0 (nothing predicts it) is 0."""
     hidden_BxTxH, _ = model.hidden_states(input_ids_BxT, segment_ids=segment_ids_BxT)
-    out = token_logprobs(hidden_BxTxH[:, :-1], model.lm_head_weight(), input_ids_BxT[:, 1:],
-                         chunk_size=chunk_size, with_entropy=with_entropy)
-    pad = lambda a: jnp.pad(a, ((0, 0), (1, 0)))
-    return tuple(pad(a) for a in out) if with_entropy else pad(out)
+    # every position scores the next token (the last one a dummy 0), so the [B, T, H] states are never cut to T - 1
+    next_BxT = jnp.pad(input_ids_BxT[:, 1:], ((0, 0), (0, 1)))
+    out = token_logprobs(hidden_BxTxH, model.lm_head_weight(), next_BxT, chunk_size=chunk_size,
+                         with_entropy=with_entropy)
+    shift = lambda a: jnp.pad(a[:, :-1], ((0, 0), (1, 0)))  # noqa: E731
+    return tuple(shift(a) for a in out) if with_entropy else shift(out)

@@ -87,6 +87,14 @@ def row_split(length: int, *, min_span: int = 1) -> RowSplit | None:
     return RowSplit(SEQUENCE_AXIS, n, length)
 
 
+def sequence_shards(length: int) -> int:
+    """How many chips of the mesh being traced under split a [B, length, ...] activation by position: the
+    'sequence' axis size when it divides `length` (the `activation_length` rule's layout), else 1."""
+    mesh = partitioned_mesh()
+    n = 1 if mesh is None else mesh.shape.get(SEQUENCE_AXIS, 1)
+    return n if length % n == 0 else 1
+
+
 def _row_spec(x: jax.Array, mesh):
     return logical_partition_spec(ROW_DIMS + (None,) * (x.ndim - 2), x.shape, mesh)
 
@@ -130,4 +138,5 @@ def from_split_order(x_BxTx___: jax.Array, split: RowSplit) -> jax.Array:
     return _permute_spans(x_BxTx___, split, to_split=False)
 
 
-__all__ = ["RowSplit", "RowSplitError", "SEQUENCE_AXIS", "from_split_order", "row_split", "to_split_order"]
+__all__ = ["RowSplit", "RowSplitError", "SEQUENCE_AXIS", "from_split_order", "row_split", "sequence_shards",
+           "to_split_order"]
