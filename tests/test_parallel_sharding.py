@@ -16,7 +16,7 @@ from models.qwen35_moe.hf import load_hf
 
 def test_make_mesh_shapes_and_errors():
     mesh = make_mesh({"expert": 4, "tensor": 2})
-    assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "expert": 4, "tensor": 2}
+    assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "sequence": 1, "expert": 4, "tensor": 2}
     assert dict(make_mesh({"data": -1, "tensor": 2}).shape)["data"] == 4
     with pytest.raises(ValueError, match="needs 6 devices but 8"):
         make_mesh({"expert": 3, "tensor": 2})

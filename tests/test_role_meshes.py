@@ -40,8 +40,9 @@ def test_each_role_gets_its_group_and_its_axes():
     assert list(meshes["rollout"].devices.flat) == devices[:2]
     assert list(meshes["actor"].devices.flat) == devices[2:6]
     assert list(meshes["critic"].devices.flat) == devices[6:8]
-    assert dict(meshes["actor"].shape) == {"data": 1, "fsdp": 2, "expert": 2, "tensor": 1}
-    assert dict(meshes["critic"].shape) == {"data": 1, "fsdp": 2, "expert": 1, "tensor": 1}  # fsdp = -1: the rest
+    assert dict(meshes["actor"].shape) == {"data": 1, "fsdp": 2, "sequence": 1, "expert": 2, "tensor": 1}
+    # fsdp = -1: the rest
+    assert dict(meshes["critic"].shape) == {"data": 1, "fsdp": 2, "sequence": 1, "expert": 1, "tensor": 1}
     assert row_shards(meshes["actor"].shape) == 4 and ROW_AXES == ("data", "fsdp", "expert")
     batch = batch_to_mesh({"tokens": np.arange(8 * 3).reshape(8, 3)}, meshes["actor"])
     assert {s.data.shape for s in batch["tokens"].addressable_shards} == {(2, 3)}  # rows split 4 ways

@@ -136,9 +136,9 @@ def step_shardings(state: TrainState):
 
 
 def batch_to_mesh(batch: Mapping, mesh) -> dict:
-    """Host arrays [B, ...] onto `mesh`, rows split over `ROW_AXES` (and a [B, T, ...]'s positions over 'sequence'). Every process holds the whole batch (in a
-    multi-process run the trajectories reach every host, `rollout/sharded_runner.py`) and places the rows of its
-    own devices."""
+    """Host arrays [B, ...] onto `mesh`, rows split over `ROW_AXES` (a [B, T, ...]'s positions over 'sequence').
+    Every process holds the whole batch (in a multi-process run the trajectories reach every host,
+    `rollout/sharded_runner.py`) and places the rows of its own devices."""
     rows = NamedSharding(mesh, PartitionSpec(ROW_AXES))
     positions = mesh.shape.get(SEQUENCE_AXIS, 1)
     split = NamedSharding(mesh, PartitionSpec(ROW_AXES, SEQUENCE_AXIS))

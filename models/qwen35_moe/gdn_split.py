@@ -16,8 +16,13 @@ import jax
 import jax.numpy as jnp
 
 from mercury_jax.parallel import per_shard
-from mercury_kernels.gated_delta.split import (from_span_batch, gather_in_row_order, local_span_indices,
-                                               split_gated_delta_rule, to_span_batch)
+from mercury_kernels.gated_delta.split import (
+    from_span_batch,
+    gather_in_row_order,
+    local_span_indices,
+    split_gated_delta_rule,
+    to_span_batch,
+)
 from models.qwen35_moe.causal_conv import causal_depthwise_conv
 from models.qwen35_moe.row_split import RowSplit
 

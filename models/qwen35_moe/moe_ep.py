@@ -2,10 +2,10 @@
 
 Computes exactly `moe.routed_experts` (out[n] = sum_k w[n, k] * Expert_{e[n, k]}(x[n]), dropless), distributed:
 
-  1. tokens are split over the mesh axes ('data', 'fsdp', 'expert', 'sequence'; a token count that does not divide is padded
-     with tokens that pick no expert); each device routes its own tokens (`ep_moe`: router, softmax, top-k) and
-     sorts its n*K (token, expert) pairs by expert, which is also by owner device (expert e lives on expert-rank
-     e // E_local);
+  1. tokens are split over the mesh axes ('data', 'fsdp', 'expert', 'sequence'; a token count that does not divide
+     is padded with tokens that pick no expert); each device routes its own tokens (`ep_moe`: router, softmax,
+     top-k) and sorts its n*K (token, expert) pairs by expert, which is also by owner device (expert e lives on
+     expert-rank e // E_local);
   2. the pair counts are exchanged (all_to_all of an [P, E_local] int matrix, P = expert-axis size) and the token
      rows are sent to the owners (dispatch, below);
   3. each device re-sorts what it received by local expert and runs its E_local experts with `ragged_dot`;
