@@ -28,7 +28,7 @@ LENGTH = 32
 
 
 def _model(**overrides):
-    config = tiny(vocab_size=64, dtype="float32", gdn_chunk_size=4, moe_impl="dense", **overrides)
+    config = tiny(vocab_size=64, dtype="float32", gdn_chunk_size=4, **{"moe_impl": "dense", **overrides})
     return Qwen35MoeForCausalLM(config, rngs=nnx.Rngs(0))
 
 
@@ -55,7 +55,8 @@ def _loss(graphdef, state, ids, segments):
 def _check(mesh_shape, rows=4, **overrides):
     chips = mesh_shape["sequence"]
     ids, segments = _batch(rows, chips)
-    graphdef, state = nnx.split(_model(**overrides))  # the same implementations, unsplit on one device
+    # the same implementations, unsplit on one device (the expert-parallel MoE needs a mesh: its math densely)
+    graphdef, state = nnx.split(_model(**{**overrides, "moe_impl": "dense"}))
     want_loss, want_grads = jax.value_and_grad(_loss, argnums=1)(graphdef, state, ids, segments)
 
     mesh = make_mesh(mesh_shape, jax.devices()[:int(np.prod(list(mesh_shape.values())))])
@@ -82,6 +83,11 @@ def test_split_rows_equal_unsplit_dense_attention_chunked_rule(chips):
 
 def test_split_rows_blockwise_attention_beside_fsdp_and_tensor():
     _check({"fsdp": 2, "sequence": 2, "tensor": 2}, attention_impl="blockwise", gdn_impl="chunked")
+
+
+def test_split_rows_with_the_expert_parallel_moe():
+    """Tokens of split rows are dispatched to experts from the chip that holds them ('sequence' is a token axis)."""
+    _check({"fsdp": 2, "sequence": 2, "expert": 2}, attention_impl="blockwise", gdn_impl="chunked", moe_impl="ep")
 
 
 @pytest.mark.slow
