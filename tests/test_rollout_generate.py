@@ -334,3 +334,31 @@ def test_prefill_never_builds_logits_for_every_prompt_position(model):
     assert f"tensor<1x{VOCAB}xf32>" in text  # control: the last position's logits are there
     forward = jax.jit(lambda p, i: nnx.merge(sampler.graphdef, p)(i)).lower(params, ids).as_text()
     assert f"tensor<1x32x{VOCAB}xf32>" in forward  # control: the pattern finds full logits where they exist
+
+
+def test_a_long_prefill_runs_in_chunks_and_equals_one_call(model, monkeypatch):
+    """A run longer than `prefill_chunk(max_length)` is fed in chunks (what keeps a 131,072-token cache's prefill
+    scores small): the first sampled token, its log-prob and the next decode steps equal the one-call prefill's
+    (fp32; the chunks' GDN state and attention over the cache are the same sums, rtol 1e-5)."""
+    import mercury_jax.rollout.sampler as sampler_module
+    from mercury_jax.rollout.sampler import Sampler, TokenSampling, prefill_chunk
+
+    assert prefill_chunk(24_576) == 16_384 and prefill_chunk(131_072) == 4_096  # the released and long contexts
+    tokens = list(np.random.default_rng(0).integers(1, VOCAB, 41))
+    sampling = TokenSampling(request_id=3, seed=1, temperature=1.0)
+    outputs = []
+    for scores in (sampler_module.PREFILL_SCORES, 16 * MAX_LEN):  # one call; chunks of 16 (41 = 16 + 16 + 9)
+        monkeypatch.setattr(sampler_module, "PREFILL_SCORES", scores)
+        calls = []
+        sampler = Sampler(model, num_slots=2, max_length=MAX_LEN)
+        real = sampler._prefill_row
+        sampler._prefill_row = lambda *a, real=real, calls=calls: calls.append(a[2].shape[1]) or real(*a)
+        state, first, _ = sampler.prefill(sampler.init_state(), 1, tokens, sampling, reset=True, limit=5)
+        state, decoded, _ = sampler.decode(state, 4)
+        outputs.append((jax.device_get(first), jax.device_get(decoded), calls))
+    (first_1, decoded_1, calls_1), (first_c, decoded_c, calls_c) = outputs
+    assert calls_1 == [MAX_LEN] and calls_c == [16, 16, 16]  # 41 tokens: one bucket of 48; 16 + 16 + 9 (in 16)
+    assert int(first_c[0]) == int(first_1[0])
+    np.testing.assert_allclose(float(first_c[1]), float(first_1[1]), rtol=1e-5)
+    np.testing.assert_array_equal(decoded_c["token"], decoded_1["token"])
+    np.testing.assert_allclose(decoded_c["logprob"], decoded_1["logprob"], rtol=1e-5, atol=1e-6)

@@ -37,7 +37,7 @@ from mercury_jax.bench.report import markdown_table, write_section  # noqa: E402
 from mercury_jax.parallel import make_mesh, variable_sharding  # noqa: E402
 from mercury_jax.train.grpo_learner import make_grpo_step  # noqa: E402
 from mercury_jax.train.optim import make_optimizer  # noqa: E402
-from mercury_jax.train.placement import ROW_AXES, role_mesh_sizes  # noqa: E402
+from mercury_jax.train.placement import batch_sharding, role_mesh_sizes  # noqa: E402
 from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step  # noqa: E402
 from mercury_jax.train.setup import model_runtime  # noqa: E402
 from models.qwen35_moe import Qwen35MoeForCausalLM  # noqa: E402
@@ -112,9 +112,9 @@ def shardings(tree):
 def batch_spec(mesh, rows: int, seq: int, keys: dict, section) -> dict:
     """The learner batch as sharded shapes; a packed one (`pack_rows`) also carries segment ids and the index maps
     between the packed and the padded layout, as the trainers' batches do (train/packing.py)."""
-    sharding = NamedSharding(mesh, PartitionSpec(ROW_AXES))
     if section.get("pack_rows"):
         keys = dict(keys, segment_ids=jnp.int32, unpack_index=jnp.int32, pack_index=jnp.int32)
+    sharding = batch_sharding(mesh, (rows, seq))
     return {k: jax.ShapeDtypeStruct((rows, seq), dtype, sharding=sharding) for k, dtype in keys.items()}
 
 

@@ -65,12 +65,13 @@ from mercury_jax.bench.rollout_aot import abstract_engine, decode_read_bytes, la
 from mercury_jax.rollout.layout import replica_meshes  # noqa: E402
 from mercury_jax.rollout.publish import Publisher  # noqa: E402
 from mercury_jax.rollout.replicas import slots_per_replica  # noqa: E402
-from mercury_jax.rollout.sampler import _compiled, bucket_length  # noqa: E402
+from mercury_jax.rollout.sampler import _compiled, bucket_length, prefill_chunk  # noqa: E402
 from mercury_jax.train.grpo_learner import make_grpo_step, make_reference_logprobs  # noqa: E402
 from mercury_jax.train.optim import make_optimizer  # noqa: E402
-from mercury_jax.train.placement import role_meshes  # noqa: E402
+from mercury_jax.train.placement import batch_sharding, role_meshes  # noqa: E402
 from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step  # noqa: E402
 from mercury_jax.train.setup import model_runtime, preset_config  # noqa: E402
+from mercury_jax.train.sft_learner import make_sft_step  # noqa: E402
 from models.qwen35_moe import Qwen35MoeForCausalLM  # noqa: E402
 from models.qwen35_moe.config import PRESETS  # noqa: E402
 from models.qwen35_moe.critic import Qwen35MoeCritic, critic_trainable  # noqa: E402
@@ -172,6 +173,13 @@ def attention_flops_per_token(cfg, context: int) -> float:
 
 # -- the programs -------------------------------------------------------------------------------------------------
 
+def longest_prefill(r) -> int:
+    """Tokens of the longest prefill call of rollout section `r`: the bucket of a whole history before the last
+    turn, or the chunk a longer one is fed in (`sampler.prefill_chunk`)."""
+    return min(bucket_length(r.max_total_tokens - r.max_turn_tokens, r.max_total_tokens),
+               prefill_chunk(r.max_total_tokens))
+
+
 def rollout_programs(config, cfg, meshes: dict, *, async_mode: bool) -> tuple[list[Program], dict]:
     """The engine's decode and largest prefill on one replica (or the single engine on the first rollout device),
     and facts the step estimate needs."""
@@ -189,7 +197,7 @@ def rollout_programs(config, cfg, meshes: dict, *, async_mode: bool) -> tuple[li
     graphdef, params, decode_state, row_shapes, _, _ = abstract_engine(
         model, slots, r.max_total_tokens, param_dtype, mesh=mesh, device=rollout_devices[0])
     steps = int(r.get("steps_per_sync", 8))
-    prefill_tokens = bucket_length(r.max_total_tokens - r.max_turn_tokens, r.max_total_tokens)
+    prefill_tokens = longest_prefill(r)
     prefill_row, decode, _, _ = _compiled(graphdef, r.max_total_tokens, mesh)
     whole = NamedSharding(mesh, PartitionSpec()) if mesh is not None else SingleDeviceSharding(rollout_devices[0])
     inputs = prefill_inputs(prefill_tokens, whole)
@@ -294,7 +302,7 @@ def grpo_programs(config, cfg, meshes: dict, seq: int) -> tuple[list[Program], o
     r_state = laid_out(jax.tree.map(lambda a: jax.ShapeDtypeStruct(
         a.shape, reference_dtype if jnp.issubdtype(a.dtype, jnp.floating) else a.dtype), r_state), ref_mesh)
     reference_fn = make_reference_logprobs(r_graphdef, mesh=ref_mesh)
-    row_spec = NamedSharding(ref_mesh, PartitionSpec(("data", "fsdp", "expert")))
+    row_spec = batch_sharding(ref_mesh, (rows, seq))
     tokens = jax.ShapeDtypeStruct((rows, seq), jnp.int32, sharding=row_spec)
     segments = jax.ShapeDtypeStruct((rows, seq), jnp.int32, sharding=row_spec) if g.pack_rows else None
     actor_bytes = per_chip_bytes((a_params, a_frozen, opt_state))
@@ -315,6 +323,24 @@ def grpo_programs(config, cfg, meshes: dict, seq: int) -> tuple[list[Program], o
     # the reference shares the actor's devices and each program above counts the other: nothing to add there
     persistent = {"actor": actor_bytes, "reference": per_chip_bytes(r_state)}
     return programs, a_params, per_chip_bytes(opt_state), persistent
+
+
+def sft_programs(config, cfg, meshes: dict) -> tuple[list[Program], object, int, dict]:
+    """The SFT step (Adam, micro-batched as configured) on the actor's mesh, every row `sft.row_length` tokens."""
+    s = config.sft
+    rows, seq = s.batch_rows, s.row_length
+    mesh = meshes["actor"]
+    active, _ = active_parameters(cfg)
+    graphdef, params, frozen = abstract_state(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0)), mesh, nnx.Param)
+    tx = make_optimizer(s.optimizer)
+    opt_state = abstract_opt_state(tx, params, mesh)
+    step = make_sft_step(graphdef, tx, s, state_shardings=(shardings(params), shardings(opt_state)))
+    batch = batch_spec(mesh, rows, seq, dict(tokens=jnp.int32, segment_ids=jnp.int32, loss_mask=jnp.float32), s)
+    forward = (2 * active + attention_flops_per_token(cfg, seq)) * rows * seq
+    programs = [Program("sft step", f"actor ({mesh.size} chips)",
+                        lambda: step.lower(params, frozen, opt_state, batch), model_flops=3 * forward,
+                        group_chips=mesh.size, role="actor")]
+    return programs, params, per_chip_bytes(opt_state), {"actor": per_chip_bytes((params, frozen, opt_state))}
 
 
 def add_shared_residency(programs: list[Program], meshes: dict, persistent: dict) -> None:
@@ -481,6 +507,12 @@ def table(results: list[Result], hbm_bytes: float, headroom: float) -> str:
     return markdown_table(headers, rows) + ("\n\n" + "\n".join(notes) if notes else "")
 
 
+def meshes_text(meshes: dict) -> str:
+    """Each role's mesh axes of size > 1, e.g. `actor fsdp 16 x sequence 4`."""
+    return ", ".join(f"{role} " + (" x ".join(f"{a} {n}" for a, n in mesh.shape.items() if n > 1) or "1 chip")
+                     for role, mesh in meshes.items())
+
+
 def topology_devices(topology: str, needed: int) -> tuple[list, str, float]:
     """(devices, topology name, memory bytes per chip) for `topology` ("cpu": this host's devices, which share its
     RAM with no per-device limit, so the whole RAM is the budget; "" or "v5p": the smallest v5p slice that holds
@@ -512,23 +544,30 @@ def run(argv=None) -> int:
     args = parser.parse_args(argv)
     config = load_config(args.config)
     apply_overrides(config, args.set)
-    pipeline = "sao" if "sao" in config else "grpo"
+    pipeline = "sao" if "sao" in config else "grpo" if "grpo" in config else "sft"
     groups = dict(config.devices)
     needed = sum(groups.values()) or 1
     devices, topology, hbm_bytes = topology_devices(args.topology, needed)
     cfg = model_config(config, args.preset)
-    roles = ("rollout", "actor", "critic") if pipeline == "sao" else ("rollout", "actor", "reference")
+    roles = {"sao": ("rollout", "actor", "critic"), "grpo": ("rollout", "actor", "reference"),
+             "sft": ("actor",)}[pipeline]
     meshes = role_meshes(config, roles, devices=devices)
     chips = needed
-    seq = config.rollout.max_total_tokens
-    rollout, facts = rollout_programs(config, cfg, meshes, async_mode=config.rollout.get("mode", "sync") == "async")
-    if pipeline == "sao":
-        learner, actor_params, actor_opt_bytes, persistent = sao_programs(config, cfg, meshes,
-                                                                          config.sao.batch_prompts, seq)
+    if pipeline == "sft":
+        seq = config.sft.row_length
+        programs, _, _, persistent = sft_programs(config, cfg, meshes)
+        facts = None
     else:
-        learner, actor_params, actor_opt_bytes, persistent = grpo_programs(config, cfg, meshes, seq)
-    persistent["rollout"] = facts["persistent"]
-    programs = rollout + publish_programs(meshes, facts, actor_params, actor_opt_bytes) + learner
+        seq = config.rollout.max_total_tokens
+        rollout, facts = rollout_programs(config, cfg, meshes,
+                                          async_mode=config.rollout.get("mode", "sync") == "async")
+        if pipeline == "sao":
+            learner, actor_params, actor_opt_bytes, persistent = sao_programs(config, cfg, meshes,
+                                                                              config.sao.batch_prompts, seq)
+        else:
+            learner, actor_params, actor_opt_bytes, persistent = grpo_programs(config, cfg, meshes, seq)
+        persistent["rollout"] = facts["persistent"]
+        programs = rollout + publish_programs(meshes, facts, actor_params, actor_opt_bytes) + learner
     add_shared_residency(programs, meshes, persistent)
     every_program = {p.name for p in programs}
     if args.only:
@@ -549,7 +588,7 @@ def run(argv=None) -> int:
     estimate = ""
     names = {r.program.name for r in results if not r.error}
     complete = every_program == names  # the estimate needs every program's roofline
-    if complete:
+    if complete and facts is not None:
         generated = args.generated_tokens or config.rollout.max_turn_tokens
         estimate = step_estimate(config, results, facts, generated, chips)
     print(body)
@@ -562,10 +601,12 @@ def run(argv=None) -> int:
         command = ("PYTHONPATH=<libtpu dir>:. python -m mercury_jax.bench.pod --config " + args.config +
                    (f" --topology {args.topology}" if args.topology else "") + "".join(f" --set {s}" for s in args.set)
                    + (f" --preset {args.preset}" if not config.model.get("preset") else ""))
-        rows = config.sao.batch_prompts if pipeline == "sao" else config.grpo.batch_states * config.grpo.group_size
-        text = (f"Groups {groups} over `{topology}`; rollout {config.rollout.get('mode', 'sync')}, "
-                f"{facts['replicas']} replica(s) x {facts['slots']} slots; learner batches {rows}"
-                f" rows x {seq:,} tokens (worst case); model runtime {model_runtime(config.model)}.\n\n" + body
+        rows = {"sao": lambda: config.sao.batch_prompts, "sft": lambda: config.sft.batch_rows,
+                "grpo": lambda: config.grpo.batch_states * config.grpo.group_size}[pipeline]()
+        rollout_text = ("" if facts is None else f"rollout {config.rollout.get('mode', 'sync')}, {facts['replicas']} "
+                        f"replica(s) x {facts['slots']} slots; ")
+        text = (f"Groups {groups} over `{topology}`; meshes {meshes_text(meshes)}; {rollout_text}learner batches "
+                f"{rows} rows x {seq:,} tokens (worst case); model runtime {model_runtime(config.model)}.\n\n" + body
                 + ("\n\n" + estimate if estimate else "") + "\n\n" + verdict)
         replace_subsection("pod", label, text, command)
     return 1 if problems else 0

@@ -34,7 +34,7 @@ if __name__ == "__main__":  # before jax starts: the decode chunks' optimised HL
 
 from mercury_jax.bench.pod import (  # noqa: E402, I001
     GIB, active_parameters, async_step_seconds, attention_flops_per_token, episodes_per_step, grpo_programs,
-    load_config, model_config, rollout_seconds, sao_programs, topology_devices)
+    load_config, longest_prefill, model_config, rollout_seconds, sao_programs, topology_devices)
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
@@ -47,7 +47,7 @@ from flax import nnx  # noqa: E402
 from mercury_jax.bench.report import V5P_HBM_BYTES_PER_S, V5P_PEAK_FLOPS, markdown_table, replace_subsection  # noqa: E402
 from mercury_jax.bench.rollout_aot import abstract_engine, decode_read_bytes, per_chip_bytes  # noqa: E402
 from mercury_jax.rollout.layout import replica_meshes  # noqa: E402
-from mercury_jax.rollout.sampler import _compiled, bucket_length  # noqa: E402
+from mercury_jax.rollout.sampler import _compiled  # noqa: E402
 from mercury_jax.train.placement import role_meshes  # noqa: E402
 from models.qwen35_moe import Qwen35MoeForCausalLM  # noqa: E402
 
@@ -123,7 +123,7 @@ def evaluate(config, cfg, decode: dict, learner: list, split: dict, shape: dict,
     episodes = episodes_per_step(config)
     active, _ = active_parameters(cfg)
     per_token = 2 * active + attention_flops_per_token(cfg, r.max_total_tokens)
-    prefill_tokens = bucket_length(r.max_total_tokens - r.max_turn_tokens, r.max_total_tokens)
+    prefill_tokens = longest_prefill(r)
     prefilled = max(r.max_total_tokens - generated, 0)
     prefill_s = per_token * prefill_tokens / (per_replica * V5P_PEAK_FLOPS)
     rollout_s, episode_s = rollout_seconds(episodes, generated, prefilled, replicas, slots, cost.step_s,

@@ -11,6 +11,9 @@ token budget, request id, seed, sampling parameters and stop ids. Two compiled p
   which holds the model, does not depend on the number of slots, so it compiles once per bucket length. Compute
   is that of the row alone; the other slots' rows are not touched. A continuation ("append observation tokens,
   then generate") is the same call without the reset: the row keeps its history and only new tokens are computed.
+  A run longer than `prefill_chunk(max_length)` tokens is fed in chunks of that size (each a prefill of the row
+  without the reset, the sample of the last one kept): a cached forward's attention scores are [T, max_length]
+  per head, which at a 131,072-token cache and T = 122,880 would be ~1 TB; chunks keep them under ~2 GiB a head.
 - `decode`: `num_steps` decode steps for all slots in one `lax.scan` (T = 1 extends). Inactive slots run with
   length 0, which leaves their cache row unchanged (attention writes are dropped, GDN state and conv window
   are kept), so a finished request's cache stays valid for a continuation. A slot stops on a stop token or when
@@ -41,10 +44,12 @@ from mercury_jax.rollout.sampling import sample_tokens, token_keys
 from mercury_jax.rollout.sizing import check_replica_fits
 from mercury_jax.rollout.slot_rows import put_row, put_row_on_mesh, slot_axis, take_row, take_row_on_mesh
 
-__all__ = ["Sampler", "TokenSampling", "bucket_length", "empty_state", "put_row", "slot_axis", "take_row"]
+__all__ = ["Sampler", "TokenSampling", "bucket_length", "empty_state", "prefill_chunk", "put_row", "slot_axis",
+           "take_row"]
 
 MAX_STOP_IDS = 8
 MIN_BUCKET = 16
+PREFILL_SCORES = 2 ** 29  # T x max_length of one prefill call: a head's fp32 scores stay <= 2 GiB
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +70,16 @@ def bucket_length(length: int, max_length: int) -> int:
     while bucket < length:
         bucket *= 2
     return max(length, min(bucket, max_length))
+
+
+def prefill_chunk(max_length: int) -> int:
+    """The most tokens one prefill call takes on a cache of `max_length` positions: the largest power of two with
+    chunk x max_length <= PREFILL_SCORES (16,384 at 24,576; 4,096 at 131,072), at least MIN_BUCKET, at most
+    `max_length`."""
+    chunk = MIN_BUCKET
+    while chunk * 2 * max_length <= PREFILL_SCORES:
+        chunk *= 2
+    return min(chunk, max_length)
 
 
 class Sampler:
@@ -160,8 +175,6 @@ class Sampler:
         stop_token_ids = sampling.stop_token_ids
         if len(stop_token_ids) > MAX_STOP_IDS:
             raise ValueError(f"{len(stop_token_ids)} stop token ids given; the sampler holds at most {MAX_STOP_IDS}")
-        T = bucket_length(len(tokens), self.max_length)
-        ids = jnp.asarray([list(tokens) + [0] * (T - len(tokens))], jnp.int32)
         stops = jnp.asarray(list(stop_token_ids) + [-1] * (MAX_STOP_IDS - len(stop_token_ids)), jnp.int32)
         request = {"reset": jnp.asarray(reset), "limit": jnp.int32(limit),
                    "request_id": jnp.int32(sampling.request_id), "seed": jnp.int32(sampling.seed),
@@ -170,7 +183,14 @@ class Sampler:
         slot = jnp.int32(slot)
         row = self._take_row(state["cache"], slot)
         params, version = self._loaded_weights()
-        row, first = self._prefill_row(params, row, ids, jnp.int32(len(tokens)), request)
+        tokens = list(tokens)
+        chunk = prefill_chunk(self.max_length)
+        for start in range(0, max(len(tokens), 1), chunk):  # the first chunk resets (when asked), the rest append
+            piece = tokens[start:start + chunk]
+            T = bucket_length(len(piece), self.max_length)
+            ids = jnp.asarray([piece + [0] * (T - len(piece))], jnp.int32)
+            row, first = self._prefill_row(params, row, ids, jnp.int32(len(piece)),
+                                           request if start == 0 else dict(request, reset=jnp.asarray(False)))
         return self._commit_row(state, row, slot, first, request), first, version
 
     def decode(self, state: dict, num_steps: int):

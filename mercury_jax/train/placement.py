@@ -135,18 +135,20 @@ def step_shardings(state: TrainState):
     return shardings_of((state.params, state.opt_state))
 
 
-def batch_to_mesh(batch: Mapping, mesh) -> dict:
-    """Host arrays [B, ...] onto `mesh`, rows split over `ROW_AXES` (a [B, T, ...]'s positions over 'sequence').
-    Every process holds the whole batch (in a multi-process run the trajectories reach every host,
-    `rollout/sharded_runner.py`) and places the rows of its own devices."""
-    rows = NamedSharding(mesh, PartitionSpec(ROW_AXES))
+def batch_sharding(mesh, shape) -> NamedSharding:
+    """Where a learner batch array of `shape` [B, ...] lives on `mesh`: rows over `ROW_AXES`, and a [B, T, ...]'s
+    positions over 'sequence' when that axis splits rows (size > 1, dividing T), as the model has them
+    (models/qwen35_moe/row_split.py)."""
     positions = mesh.shape.get(SEQUENCE_AXIS, 1)
-    split = NamedSharding(mesh, PartitionSpec(ROW_AXES, SEQUENCE_AXIS))
+    if positions > 1 and len(shape) >= 2 and shape[1] % positions == 0:
+        return NamedSharding(mesh, PartitionSpec(ROW_AXES, SEQUENCE_AXIS))
+    return NamedSharding(mesh, PartitionSpec(ROW_AXES))
 
-    def place(v):  # a [B, T, ...] whose T the 'sequence' axis divides: positions split too, as the model has them
-        by_position = positions > 1 and np.ndim(v) >= 2 and np.shape(v)[1] % positions == 0
-        return from_host(v, split if by_position else rows)
-    return {k: place(v) for k, v in batch.items()}
+
+def batch_to_mesh(batch: Mapping, mesh) -> dict:
+    """Host arrays [B, ...] onto `mesh` by `batch_sharding`. Every process holds the whole batch (in a multi-process
+    run the trajectories reach every host, `rollout/sharded_runner.py`) and places the rows of its own devices."""
+    return {k: from_host(v, batch_sharding(mesh, np.shape(v))) for k, v in batch.items()}
 
 
 def shardings_of(tree):
