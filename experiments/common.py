@@ -12,10 +12,12 @@ import ml_collections
 VARIANTS = (None, "", "tiny")
 
 
-def is_tiny(pipeline: str, arg: str | None) -> bool:
-    """Whether `arg` (the text after ':' in `--config experiments/X.py:ARG`) asks for the tiny variant."""
-    if arg not in VARIANTS:
-        raise ValueError(f"unknown variant {arg!r} of experiments/{pipeline}.py; use ':tiny' or nothing")
+def is_tiny(pipeline: str, arg: str | None, variants: tuple = VARIANTS) -> bool:
+    """Whether `arg` (the text after ':' in `--config experiments/X.py:ARG`) asks for the tiny variant; `variants`
+    are the ones the experiment has."""
+    if arg not in variants:
+        named = " or ".join(f"':{v}'" for v in variants if v)
+        raise ValueError(f"unknown variant {arg!r} of experiments/{pipeline}.py; use {named} or nothing")
     return arg == "tiny"
 
 
@@ -89,9 +91,9 @@ def behaviour_config() -> ml_collections.ConfigDict:
 
 
 def mesh_config(roles: tuple[str, ...], **sizes) -> ml_collections.ConfigDict:
-    """The learner roles' meshes: axes (data, fsdp, expert, tensor) per role, one -1 taking the rest of the role's
-    device group (mercury_jax/train/placement.py); `sizes` override the default fsdp over the whole group."""
-    axes = dict(dict(data=1, fsdp=-1, expert=1, tensor=1), **sizes)
+    """The learner roles' meshes: axes (data, fsdp, sequence, expert, tensor) per role, one -1 taking the rest of the
+    role's device group (mercury_jax/train/placement.py); `sizes` override the default fsdp over the whole group."""
+    axes = dict(dict(data=1, fsdp=-1, sequence=1, expert=1, tensor=1), **sizes)
     return ml_collections.ConfigDict({role: dict(axes) for role in roles})
 
 

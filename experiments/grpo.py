@@ -15,17 +15,22 @@ text, a short SFT warm start on oracle trajectories that over-search on purpose 
 pivot states cut from the same over-searching oracle on disjoint tasks, then 30 GRPO steps of 16 states x 8:
 
     python -m mercury_jax.main --config experiments/grpo.py:tiny
+
+`:long` trains at the seed's own context: `rollout.max_total_tokens` 131,072 (pivot states cut from trajectories
+of that length), the learner's rows split by position over 4 chips of `sequence` (fsdp 16 x sequence 4 on the
+64 actor chips: 16 row shards, 8 micro-batches of one row each), long histories prefilled in 4,096-token chunks
+(`rollout/sampler.py:prefill_chunk`); the SFT section is `experiments/sft.py:long`'s.
 """
 from __future__ import annotations
 
 import ml_collections
 
 from experiments import common
-from experiments.sft import sft_config, tiny_sft
+from experiments.sft import LONG_MESH, long_sft, sft_config, tiny_sft
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    tiny = common.is_tiny("grpo", arg)
+    tiny = common.is_tiny("grpo", arg, common.VARIANTS + ("long",))
     c = common.base_config("grpo", world="browse")
     c.world.num_train_tasks = 20_000      # warm-start (SFT) tasks
     c.oracle = ml_collections.ConfigDict(dict(over_search_prob=0.5, over_search_max=2))  # the habit GRPO removes
@@ -89,6 +94,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # The learner roles' meshes; the frozen reference lives on the actor's devices, on a mesh of its own shape.
     c.mesh = common.mesh_config(("actor", "reference"))
 
+    if arg == "long":
+        long_sft(c.sft)
+        r.max_total_tokens = 131072
+        g.micro_batches = 8       # 128 rows over 16 row shards: one 131,072-token row (over 4 chips) a micro-batch
+        c.mesh = common.mesh_config(("actor", "reference"), **LONG_MESH)
     if tiny:
         common.tiny_common(c)
         c.world.num_train_tasks = 2048

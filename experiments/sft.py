@@ -2,6 +2,11 @@
 
     python -m mercury_jax.main --config experiments/sft.py --workdir gs://bucket/sft   # 35B-A3B from HF
     python -m mercury_jax.main --config experiments/sft.py:tiny --workdir /tmp/sft_tiny
+    python -m mercury_jax.main --config experiments/sft.py:long --workdir gs://bucket/sft_long   # 131,072 tokens
+
+`:long` is the long-context warm start (the pivot-GRPO seed's, Asis-style): rows of 131,072 tokens, each split
+by position over 4 chips of the mesh's `sequence` axis (context parallelism, docs/MODEL.md "A row split over
+chips"), so a chip holds the same 32,768 tokens of a row as the released SFT.
 """
 from __future__ import annotations
 
@@ -42,14 +47,29 @@ def tiny_sft(c: ml_collections.ConfigDict) -> None:
     c.optimizer.warmup_steps = 20
 
 
+def long_sft(c: ml_collections.ConfigDict) -> None:
+    """`:long` overrides of an `sft` section: 131,072-token rows, the released step's tokens (16 x 131,072 =
+    64 x 32,768), one micro-batch (each row is already spread over 4 chips)."""
+    c.row_length = 131072
+    c.batch_rows = 16
+    c.micro_batches = 1
+
+
+LONG_MESH = dict(fsdp=16, sequence=4)  # 64 chips: 16 row shards, each row's positions over 4 chips
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    tiny = common.is_tiny("sft", arg)
+    tiny = common.is_tiny("sft", arg, common.VARIANTS + ("long",))
     c = common.base_config("sft")
     c.sft = sft_config()
     c.checkpoint = common.checkpoint_config(every=500)
     c.devices = ml_collections.ConfigDict(dict(actor=32))  # all 0: the default device
     c.mesh = common.mesh_config(("actor",))
 
+    if arg == "long":
+        long_sft(c.sft)
+        c.devices.actor = 64
+        c.mesh = common.mesh_config(("actor",), **LONG_MESH)
     if tiny:
         common.tiny_common(c)
         tiny_sft(c.sft)

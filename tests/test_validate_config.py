@@ -15,7 +15,8 @@ from mercury_jax.train.config_ranges import FIELDS, UNCHECKED, leaves, rule_for
 from mercury_jax.train.validate import ConfigError, validate_config
 
 EXPERIMENTS = {"sft": sft, "sao": sao, "grpo": grpo}
-VARIANTS = [(name, variant) for name in EXPERIMENTS for variant in (None, "tiny")]
+VARIANTS = [(name, variant) for name in EXPERIMENTS for variant in (None, "tiny")] + [("sft", "long"),
+                                                                                      ("grpo", "long")]
 
 
 @pytest.fixture
@@ -160,3 +161,20 @@ def test_an_sft_corpus_that_names_no_file_is_refused_before_any_work(tmp_path):
         validate_config(c)
     (tmp_path / "chats-0.jsonl").write_text("{}\n")
     validate_config(c)
+
+
+def test_a_sequence_axis_needs_rows_it_can_split(pod):
+    """`mesh.<role>.sequence` = n cuts each row into 2n spans of >= 3 positions (models/qwen35_moe/row_split.py)."""
+    config = pod("sft", "long")
+    config.sft.row_length = 131_070
+    with pytest.raises(ConfigError, match=r"mesh.actor.sequence = 4 splits each row into 8 spans, but "
+                                          r"sft.row_length is 131070"):
+        validate_config(config)
+    config = pod("grpo", "long")
+    config.devices.actor = 60
+    for role in ("actor", "reference"):
+        config.mesh[role].sequence, config.mesh[role].fsdp = 3, 20
+    with pytest.raises(ConfigError, match=r"the learner's padding bucket is 2048: rows must be a multiple of 6"):
+        validate_config(config)
+    with pytest.raises(ValueError, match=r"use ':tiny' or nothing"):
+        sao.get_config("long")

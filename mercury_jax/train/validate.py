@@ -52,6 +52,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         _validate_preset_model(model)
     if "devices" in config:
         _check_device_groups(config)
+    if "devices" in config and "mesh" in config:
+        _check_sequence_axes(config, pipeline)
     if pipeline == "sft" or config.sft.enabled:  # the warm start trains on the actor's mesh
         shards = role_row_shards(config, "actor")[0] if "devices" in config else 1
         if config.sft.batch_rows % shards:
@@ -155,6 +157,27 @@ def _check_rollout_replicas(config) -> None:
     if rollout.num_slots % replicas:
         raise ConfigError(f"rollout.num_slots {rollout.num_slots} does not split over {replicas} replicas "
                           f"({group} rollout devices / {size} per replica); make it a multiple of {replicas}")
+
+
+def _check_sequence_axes(config, pipeline: str) -> None:
+    """A role whose mesh splits rows over 'sequence' (n chips, models/qwen35_moe/row_split.py) needs rows of a
+    multiple of 2n positions: SFT rows of `sft.row_length`, RL rows padded to 128- or 2,048-token buckets
+    (`trajectory.padded_length`)."""
+    for role in config.mesh:
+        n = role_row_shards(config, role)[1].get("sequence", 1)
+        if n == 1:
+            continue
+        lengths = []
+        if role == "actor" and (pipeline == "sft" or config.sft.get("enabled", False)):
+            lengths.append(("sft.row_length", config.sft.row_length))
+        if "rollout" in config and pipeline != "sft":
+            limit = config.rollout.max_total_tokens
+            lengths.append(("the learner's padding bucket", 128 if limit <= 4096 else 2048))
+        for name, length in lengths:
+            if length % (2 * n) or length // (2 * n) < 3:
+                raise ConfigError(f"mesh.{role}.sequence = {n} splits each row into {2 * n} spans, but {name} is "
+                                  f"{length}: rows must be a multiple of {2 * n} positions, spans at least 3 (the "
+                                  f"conv window); lower mesh.{role}.sequence or change {name}")
 
 
 def role_row_shards(config, role: str) -> tuple[int, dict]:
