@@ -72,3 +72,29 @@ def test_bytes_by_hand():
     entry = 2 * 4 * row             # %copied: reads and writes the buffer
     assert module_bytes(MODULE) == entry + 4 * (body + cond)
     assert entry_transfers(MODULE, 1024) == [("copied", "copy", 4 * row)]
+
+
+def test_collectives_are_counted_per_chip_with_their_loops_trip_counts():
+    """A CPU-compiled shard_map over 4 devices: an all-gather of 256 floats a chip (4 KiB received) in a loop of 3
+    trips, and one collective-permute of 256 floats (1 KiB) outside it."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    from mercury_jax.bench.hlo_bytes import collective_bytes
+
+    mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+
+    def local(a):
+        def body(i, acc):
+            return acc + jnp.sum(jax.lax.all_gather(acc * (i + 1), "x", tiled=True).reshape(4, -1), axis=0)
+        a = jax.lax.fori_loop(0, 3, body, a)
+        return jax.lax.ppermute(a, "x", [(k, (k + 1) % 4) for k in range(4)])
+
+    fn = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    text = fn.lower(jnp.ones((4 * 256,), jnp.float32)).compile().as_text()
+    counted = collective_bytes(text)
+    assert counted.get("all-gather") == 3 * 4 * 256 * 4, counted
+    assert counted.get("collective-permute") == 256 * 4, counted

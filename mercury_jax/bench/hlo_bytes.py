@@ -158,6 +158,12 @@ class ByteCounter:
                     return bounds[0]
         return 1
 
+    def loop_trips(self, loop: Instruction) -> int:
+        """A `while`'s trip count: XLA's `known_trip_count` when it states one, else `trip_count` of its
+        condition."""
+        known = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', loop.attributes)
+        return int(known.group(1)) if known else self.trip_count(_called(loop.attributes, "condition")[0])
+
     def computation_bytes(self, name: str) -> int:
         if name not in self._memo:
             comp = self.computations[name]
@@ -171,7 +177,7 @@ class ByteCounter:
             return 0
         if i.opcode == "while":
             body, condition = _called(i.attributes, "body")[0], _called(i.attributes, "condition")[0]
-            trips = self.trip_count(condition)
+            trips = self.loop_trips(i)
             return trips * (self.computation_bytes(body) + self.computation_bytes(condition))
         if i.opcode in ("call", "async-start"):
             return sum(self.computation_bytes(c) for c in _called(i.attributes, "to_apply")
@@ -266,6 +272,56 @@ def entry_transfers(text: str, min_bytes: int) -> list[tuple[str, str, int]]:
         if i.result_bytes >= min_bytes and (i.opcode in _TRANSFERS or i.opcode == "fusion"):
             found.append((i.name, i.opcode, i.result_bytes))
     return found
+
+
+_COLLECTIVES = ("all-gather", "all-gather-done", "all-reduce", "all-reduce-done", "reduce-scatter", "all-to-all",
+                "ragged-all-to-all", "collective-permute", "collective-permute-done")
+
+
+def collective_bytes(text: str) -> dict[str, int]:
+    """{collective kind: bytes a chip receives in one run of the HLO module `text`}: each collective's output
+    (per chip) times the trip counts of the loops around it; async pairs counted once, at their `-done`."""
+    computations, entry = parse_module(text)
+    counter = ByteCounter(computations, scalar_constants(text))
+    memo: dict[str, dict[str, int]] = {}
+
+    def walk(name: str) -> dict[str, int]:
+        if name in memo:
+            return memo[name]
+        memo[name] = {}
+        totals: dict[str, int] = {}
+
+        def add(found: dict[str, int], times: int = 1):
+            for kind, n in found.items():
+                totals[kind] = totals.get(kind, 0) + times * n
+        for i in computations[name].instructions:
+            if i.opcode in _COLLECTIVES:
+                add({i.opcode.removesuffix("-done"): i.result_bytes})
+            elif i.opcode == "while":
+                add(walk(_called(i.attributes, "body")[0]), counter.loop_trips(i))
+            elif i.opcode in ("call", "async-start", "fusion"):
+                for called in _called(i.attributes, "to_apply") + _called(i.attributes, "calls"):
+                    if called in computations:
+                        add(walk(called))
+            elif i.opcode == "conditional":
+                branches = _called(i.attributes, "branch_computations") or (
+                    _called(i.attributes, "true_computation") + _called(i.attributes, "false_computation"))
+                sums = [walk(b) for b in branches if b in computations]
+                if sums:
+                    add(max(sums, key=lambda d: sum(d.values())))
+        memo[name] = totals
+        return totals
+    return walk(entry)
+
+
+def counted_collectives(since: float) -> dict[str, int] | None:
+    """`collective_bytes` of the program compiled last, None when nothing is dumped."""
+    if _dump_dir is None:
+        return None
+    try:
+        return collective_bytes(optimised_module_text(_dump_dir, since))
+    except FileNotFoundError:
+        return None
 
 
 def optimised_module_text(dump_dir: str, since: float) -> str:

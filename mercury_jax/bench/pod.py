@@ -33,10 +33,10 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")  # a single-host topology; silences libtpu's probe
 
-from mercury_jax.bench.hlo_bytes import bytes_per_trip, dump_optimised_hlo  # noqa: E402, I001
+from mercury_jax.bench.hlo_bytes import bytes_per_trip, counted_collectives, dump_optimised_hlo  # noqa: E402, I001
 
-if __name__ == "__main__":  # before jax starts: the optimised HLO of the programs on a mesh, for the decode's bytes
-    dump_optimised_hlo()
+if __name__ == "__main__":  # before jax starts: the optimised HLO of every program (decode bytes, collectives)
+    dump_optimised_hlo(".*")
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
@@ -117,6 +117,7 @@ class Result:
     flops: float = math.nan         # XLA's, per chip
     bytes_accessed: float = math.nan
     counted_bytes: float = math.nan  # per chip per run, counted in the optimised HLO by trip counts (hlo_bytes.py)
+    collectives: dict | None = None  # {kind: bytes a chip receives per run}, the same count (hlo_bytes.py)
     error: str = ""
 
     @property
@@ -380,6 +381,7 @@ def compile_program(program: Program) -> Result:
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     result.flops = float(cost.get("flops", math.nan)) if cost else math.nan
     result.bytes_accessed = float(cost.get("bytes accessed", math.nan)) if cost else math.nan
+    result.collectives = counted_collectives(started)
     if program.one_step_lower is not None and program.steps > 1:
         per_step = bytes_per_trip(started, lambda: program.one_step_lower().compile(), program.steps)
         if per_step is not None:  # None: jax started before the dump was set up (tests)
@@ -490,7 +492,7 @@ def table(results: list[Result], hbm_bytes: float, headroom: float) -> str:
         p = r.program
         if r.error:
             rows.append([p.name, p.chips, "refused", "", "", "", "", f"{r.compile_s:.0f}", "", "", "", "", "", "",
-                         r.error[:80]])
+                         r.error[:80], ""])
             continue
         fits = "fits" if r.peak <= headroom * hbm_bytes else "**over**"
         ratio = r.flops * p.group_chips / p.model_flops if p.model_flops and r.flops == r.flops else math.nan
@@ -499,12 +501,21 @@ def table(results: list[Result], hbm_bytes: float, headroom: float) -> str:
                      f"{r.compile_s:.0f}", f"{r.flops / 1e12:.3f}", f"{p.model_flops / p.group_chips / 1e12:.3f}",
                      f"{ratio:.2f}", f"{r.bytes_accessed / GIB:.2f}", f"{p.model_bytes / GIB:.2f}" if p.model_bytes
                      else "", f"{r.counted_bytes / GIB:.2f}" if r.counted_bytes == r.counted_bytes else "",
-                     f"{r.roofline_s * 1e3:.2f} ({r.bound})"])
+                     f"{r.roofline_s * 1e3:.2f} ({r.bound})", collectives_text(r.collectives)])
     headers = ["program", "chips", "arguments GiB/chip", "temp GiB/chip", "program GiB/chip", "resident GiB/chip",
                "peak GiB/chip (of HBM)", "compile s", "XLA TFLOP/chip", "model TFLOP/chip", "XLA / model FLOPs",
-               "XLA GiB accessed/chip", "must-read GiB/chip", "counted GiB/chip", "roofline ms (bound)"]
+               "XLA GiB accessed/chip", "must-read GiB/chip", "counted GiB/chip", "roofline ms (bound)",
+               "collectives GiB/chip (received per run)"]
     notes = [f"- {r.program.name}: resident = {r.program.resident_note}" for r in results if r.program.resident_note]
     return markdown_table(headers, rows) + ("\n\n" + "\n".join(notes) if notes else "")
+
+
+def collectives_text(collectives: dict | None) -> str:
+    """`all-gather 1.23 + ...` (GiB a chip receives per run, loops by their trip counts), or blank."""
+    if not collectives:
+        return ""
+    return " + ".join(f"{kind} {n / GIB:.2f}" for kind, n in sorted(collectives.items(), key=lambda kv: -kv[1])
+                      if n >= GIB / 1000) or "< 0.001"
 
 
 def meshes_text(meshes: dict) -> str:
