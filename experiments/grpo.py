@@ -17,8 +17,8 @@ pivot states cut from the same over-searching oracle on disjoint tasks, then 30 
     python -m mercury_jax.main --config experiments/grpo.py:tiny
 
 `:long` trains at the seed's own context: `rollout.max_total_tokens` 131,072 (pivot states cut from trajectories
-of that length), the learner's rows split by position over 4 chips of `sequence` (fsdp 16 x sequence 4 on the
-64 actor chips: 16 row shards, 8 micro-batches of one row each), long histories prefilled in 4,096-token chunks
+of that length), the learner's rows split by position over 8 chips of `sequence` (fsdp 8 x sequence 8 on the
+64 actor chips: 8 row shards, 16 micro-batches of one row each), long histories prefilled in 4,096-token chunks
 (`rollout/sampler.py:prefill_chunk`); the SFT section is `experiments/sft.py:long`'s.
 """
 from __future__ import annotations
@@ -97,7 +97,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if arg == "long":
         long_sft(c.sft)
         r.max_total_tokens = 131072
-        g.micro_batches = 8       # 128 rows over 16 row shards: one 131,072-token row (over 4 chips) a micro-batch
+        g.micro_batches = 16      # 128 rows over 8 row shards: one 131,072-token row (over 8 chips) a micro-batch
         c.mesh = common.mesh_config(("actor", "reference"), **LONG_MESH)
     if tiny:
         common.tiny_common(c)

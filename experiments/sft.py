@@ -5,8 +5,8 @@
     python -m mercury_jax.main --config experiments/sft.py:long --workdir gs://bucket/sft_long   # 131,072 tokens
 
 `:long` is the long-context warm start (the pivot-GRPO seed's, Asis-style): rows of 131,072 tokens, each split
-by position over 4 chips of the mesh's `sequence` axis (context parallelism, docs/MODEL.md "A row split over
-chips"), so a chip holds the same 32,768 tokens of a row as the released SFT.
+by position over 8 chips of the mesh's `sequence` axis (context parallelism, docs/MODEL.md §8), 16,384 tokens of
+a row a chip.
 """
 from __future__ import annotations
 
@@ -49,13 +49,15 @@ def tiny_sft(c: ml_collections.ConfigDict) -> None:
 
 def long_sft(c: ml_collections.ConfigDict) -> None:
     """`:long` overrides of an `sft` section: 131,072-token rows, the released step's tokens (16 x 131,072 =
-    64 x 32,768), one micro-batch (each row is already spread over 4 chips)."""
+    64 x 32,768); 2 micro-batches of one row a row shard, 16,384 tokens a chip (BENCHMARKS "pod")."""
     c.row_length = 131072
     c.batch_rows = 16
-    c.micro_batches = 1
+    c.micro_batches = 2
 
 
-LONG_MESH = dict(fsdp=16, sequence=4)  # 64 chips: 16 row shards, each row's positions over 4 chips
+# 64 chips: 8 row shards, each row's positions over 8 chips; parameters and Adam states over all 64 (`embed` ->
+# fsdp x sequence). fsdp 16 x sequence 4 (32,768 tokens a chip) needs 89.9 GiB a chip (BENCHMARKS "pod")
+LONG_MESH = dict(fsdp=8, sequence=8)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -167,7 +167,7 @@ def test_a_sequence_axis_needs_rows_it_can_split(pod):
     """`mesh.<role>.sequence` = n cuts each row into 2n spans of >= 3 positions (models/qwen35_moe/row_split.py)."""
     config = pod("sft", "long")
     config.sft.row_length = 131_070
-    with pytest.raises(ConfigError, match=r"mesh.actor.sequence = 4 splits each row into 8 spans, but "
+    with pytest.raises(ConfigError, match=r"mesh.actor.sequence = 8 splits each row into 16 spans, but "
                                           r"sft.row_length is 131070"):
         validate_config(config)
     config = pod("grpo", "long")

@@ -72,6 +72,7 @@ from mercury_jax.train.placement import batch_sharding, role_meshes  # noqa: E40
 from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step  # noqa: E402
 from mercury_jax.train.setup import model_runtime, preset_config  # noqa: E402
 from mercury_jax.train.sft_learner import make_sft_step  # noqa: E402
+from mercury_kernels.gated_delta.pallas import chunk_macs  # noqa: E402
 from models.qwen35_moe import Qwen35MoeForCausalLM  # noqa: E402
 from models.qwen35_moe.config import PRESETS  # noqa: E402
 from models.qwen35_moe.critic import Qwen35MoeCritic, critic_trainable  # noqa: E402
@@ -510,6 +511,48 @@ def table(results: list[Result], hbm_bytes: float, headroom: float) -> str:
     return markdown_table(headers, rows) + ("\n\n" + "\n".join(notes) if notes else "")
 
 
+TRAINING_PROGRAMS = {"sft step": "sft", "actor step": "sao", "grpo step": "grpo"}
+
+
+def per_token_text(results: list[Result], rows: int, seq: int) -> str:
+    """The policy update's roofline per trained token (the update program over its rows x seq tokens, the time a
+    chip group spends on one token of its batch) and the collectives it receives per step."""
+    lines = []
+    for r in results:
+        pipeline = TRAINING_PROGRAMS.get(r.program.name)
+        if pipeline is None or r.error:
+            continue
+        tokens = rows * seq / r.program.per_step if pipeline == "grpo" else rows * seq
+        received = sum((r.collectives or {}).values())
+        lines.append(f"{r.program.name}: roofline {r.roofline_s:.2f} s for {tokens:,.0f} tokens ({rows} rows x "
+                     f"{seq:,}{' / ' + str(r.program.per_step) + ' minibatches' if pipeline == 'grpo' else ''}) = "
+                     f"**{r.roofline_s / tokens * 1e6:.2f} us a token** on {r.program.group_chips} chips "
+                     f"({r.roofline_s / tokens * 1e6 * r.program.group_chips:.1f} chip-us a token); collectives "
+                     f"received {received / GIB:.1f} GiB a chip a run")
+    return "\n".join(f"- {line}" for line in lines)
+
+
+def gdn_split_text(cfg, meshes: dict, seq: int) -> str:
+    """What splitting rows over 'sequence' adds to the Gated DeltaNet (docs/MODEL.md §8): the span map's first pass
+    of the rule at width V + K, counted by the Pallas kernel's own multiply-adds (`chunk_macs`), per token and as a
+    share of the model's forward FLOPs a token; blank when no learner mesh splits rows."""
+    split = {role: mesh.shape.get("sequence", 1) for role, mesh in meshes.items() if mesh.shape.get("sequence", 1) > 1}
+    if not split:
+        return ""
+    C, K, V = cfg.gdn_chunk_size, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    gdn_layers = sum(1 for kind in cfg.layer_types if kind != "full_attention")
+    per_token = 2 * gdn_layers * cfg.linear_num_value_heads / C  # FLOPs per multiply-add, chunk MACs per token
+    rule = per_token * chunk_macs(C, K, V)
+    extra = per_token * chunk_macs(C, K, V + K)
+    active, _ = active_parameters(cfg)
+    forward = 2 * active + attention_flops_per_token(cfg, seq)
+    return (f"- rows split over `sequence` ({', '.join(f'{r} {n}' for r, n in split.items())}): the GDN rule costs "
+            f"{rule / 1e6:.1f} MFLOP a token forward ({gdn_layers} layers x {cfg.linear_num_value_heads} heads, chunk "
+            f"{C}); the span maps' first pass at width V + K = {V + K} adds **{extra / 1e6:.1f} MFLOP a token "
+            f"({extra / forward:.2%} of the model's {forward / 1e9:.2f} GFLOP forward a token)**, forward and "
+            f"backward alike; the composition of the maps is {2 * max(split.values())} K x K products a row and head")
+
+
 def collectives_text(collectives: dict | None) -> str:
     """`all-gather 1.23 + ...` (GiB a chip receives per run, loops by their trip counts), or blank."""
     if not collectives:
@@ -602,7 +645,11 @@ def run(argv=None) -> int:
     if complete and facts is not None:
         generated = args.generated_tokens or config.rollout.max_turn_tokens
         estimate = step_estimate(config, results, facts, generated, chips)
+    rows = {"sao": lambda: config.sao.batch_prompts, "sft": lambda: config.sft.batch_rows,
+            "grpo": lambda: config.grpo.batch_states * config.grpo.group_size}[pipeline]()
+    per_token = "\n".join(t for t in (per_token_text(results, rows, seq), gdn_split_text(cfg, meshes, seq)) if t)
     print(body)
+    print(per_token)
     print(estimate)
     verdict = ("**Every program fits** within " + f"{args.headroom:.0%} of HBM." if not problems
                else "**Does not fit**:\n" + "\n".join(f"- {p}" for p in problems))
@@ -612,12 +659,11 @@ def run(argv=None) -> int:
         command = ("PYTHONPATH=<libtpu dir>:. python -m mercury_jax.bench.pod --config " + args.config +
                    (f" --topology {args.topology}" if args.topology else "") + "".join(f" --set {s}" for s in args.set)
                    + (f" --preset {args.preset}" if not config.model.get("preset") else ""))
-        rows = {"sao": lambda: config.sao.batch_prompts, "sft": lambda: config.sft.batch_rows,
-                "grpo": lambda: config.grpo.batch_states * config.grpo.group_size}[pipeline]()
         rollout_text = ("" if facts is None else f"rollout {config.rollout.get('mode', 'sync')}, {facts['replicas']} "
                         f"replica(s) x {facts['slots']} slots; ")
         text = (f"Groups {groups} over `{topology}`; meshes {meshes_text(meshes)}; {rollout_text}learner batches "
                 f"{rows} rows x {seq:,} tokens (worst case); model runtime {model_runtime(config.model)}.\n\n" + body
+                + ("\n\n" + per_token if per_token else "")
                 + ("\n\n" + estimate if estimate else "") + "\n\n" + verdict)
         replace_subsection("pod", label, text, command)
     return 1 if problems else 0

@@ -19,7 +19,8 @@ from mercury_jax.parallel.distributed import fetch, from_host, owning_processes,
 
 DEFAULT_RULES: Mapping[str, str | tuple[str, ...] | None] = {
     "vocab": "tensor",
-    "embed": "fsdp",
+    # parameters and optimiser state over every learner chip: fsdp, and the chips a row's positions are split over
+    "embed": ("fsdp", "sequence"),
     "heads": "tensor",
     "kv_heads": "tensor",
     "head_dim": None,
