@@ -66,7 +66,7 @@ from mercury_jax.rollout.layout import replica_meshes  # noqa: E402
 from mercury_jax.rollout.publish import Publisher  # noqa: E402
 from mercury_jax.rollout.replicas import slots_per_replica  # noqa: E402
 from mercury_jax.rollout.sampler import _compiled, bucket_length, prefill_chunk  # noqa: E402
-from mercury_jax.train.grpo_learner import make_grpo_step, make_reference_logprobs  # noqa: E402
+from mercury_jax.train.grpo_learner import make_grpo_step, make_reference_logprobs, reference_micro_batches  # noqa: E402
 from mercury_jax.train.optim import make_optimizer  # noqa: E402
 from mercury_jax.train.placement import batch_sharding, role_meshes  # noqa: E402
 from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step  # noqa: E402
@@ -303,7 +303,7 @@ def grpo_programs(config, cfg, meshes: dict, seq: int) -> tuple[list[Program], o
     r_graphdef, r_state = nnx.split(nnx.eval_shape(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0))))
     r_state = laid_out(jax.tree.map(lambda a: jax.ShapeDtypeStruct(
         a.shape, reference_dtype if jnp.issubdtype(a.dtype, jnp.floating) else a.dtype), r_state), ref_mesh)
-    reference_fn = make_reference_logprobs(r_graphdef, mesh=ref_mesh)
+    reference_fn = make_reference_logprobs(r_graphdef, mesh=ref_mesh, micro_batches=reference_micro_batches(g))
     row_spec = batch_sharding(ref_mesh, (rows, seq))
     tokens = jax.ShapeDtypeStruct((rows, seq), jnp.int32, sharding=row_spec)
     segments = jax.ShapeDtypeStruct((rows, seq), jnp.int32, sharding=row_spec) if g.pack_rows else None

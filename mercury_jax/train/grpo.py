@@ -38,7 +38,12 @@ from mercury_jax.rl.advantages import group_advantages
 from mercury_jax.rollout.rewards import StopVerifierReward
 from mercury_jax.rollout.trajectory import Trajectory, batch_trajectories, padded_length
 from mercury_jax.train import setup
-from mercury_jax.train.grpo_learner import frozen_reference, make_grpo_step, make_reference_logprobs
+from mercury_jax.train.grpo_learner import (
+    frozen_reference,
+    make_grpo_step,
+    make_reference_logprobs,
+    reference_micro_batches,
+)
 from mercury_jax.train.guards import NonFiniteGuard
 from mercury_jax.train.loop import Cadence, StepResult, run_loop
 from mercury_jax.train.packing import pack_batch, rows_used
@@ -86,7 +91,8 @@ class PivotGrpo:
         self.actor = state_on_mesh(model, self.cfg.actor_optimizer, self.meshes["actor"])
         self.reference_graphdef, self.reference_state = frozen_reference(model, jnp.dtype(self.cfg.reference_dtype),
                                                                          mesh=self.meshes["reference"])
-        self.reference_logprobs = make_reference_logprobs(self.reference_graphdef, mesh=self.meshes["reference"])
+        self.reference_logprobs = make_reference_logprobs(self.reference_graphdef, mesh=self.meshes["reference"],
+                                                          micro_batches=reference_micro_batches(self.cfg))
         self.actor_step = make_grpo_step(self.actor.graphdef, self.actor.tx, self.cfg,
                                          state_shardings=step_shardings(self.actor))
         rules = dict(STOP_RULES, **self.cfg.stop_rules.to_dict())

@@ -25,7 +25,7 @@ from flax import nnx
 from mercury_jax.parallel import param_shardings, with_mesh_context
 from mercury_jax.rl.losses import LOG_RATIO_CLAMP, kl_loss, ppo_clip_loss
 from mercury_jax.train.config_defaults import setting
-from mercury_jax.train.microbatch import MaskTotals, token_share
+from mercury_jax.train.microbatch import MaskTotals, map_rows, token_share
 from mercury_jax.train.state import make_update_step
 from models.qwen35_moe.logprobs import sequence_logprobs
 
@@ -100,12 +100,19 @@ def make_grpo_step(actor_graphdef, tx, cfg, *, state_shardings=None):
                             micro_batches=setting(cfg, "micro_batches"), totals_fn=MaskTotals(cfg.loss_agg))
 
 
-def make_reference_logprobs(reference_graphdef, *, mesh=None):
+def make_reference_logprobs(reference_graphdef, *, mesh=None, micro_batches: int = 1):
     """jit(reference_state, tokens [B, T], segment_ids [B, T] or None) -> log-probs [B, T] fp32 of the frozen
-    reference (never differentiated); `mesh`: the reference's (the context for kernels that shard_map themselves)."""
+    reference (never differentiated); `mesh`: the reference's (the context for kernels that shard_map themselves).
+    The forward runs over `micro_batches` groups of rows one after another (`microbatch.map_rows`; the step's own
+    rows per micro-batch: at 131,072-token rows the whole batch at once needs 1.9 TB of temporaries a chip), or at
+    once when they do not divide B."""
     def reference_logprobs(reference_state, tokens_BxT, segment_ids_BxT=None):
         reference = nnx.merge(reference_graphdef, reference_state)
-        logp = sequence_logprobs(reference, tokens_BxT, segment_ids_BxT=segment_ids_BxT)
+        rows = {"tokens": tokens_BxT} if segment_ids_BxT is None else {"tokens": tokens_BxT,
+                                                                        "segment_ids": segment_ids_BxT}
+        groups = micro_batches if tokens_BxT.shape[0] % micro_batches == 0 else 1
+        logp = map_rows(lambda r: sequence_logprobs(reference, r["tokens"], segment_ids_BxT=r.get("segment_ids")),
+                        rows, groups)
         return jax.lax.stop_gradient(logp).astype(jnp.float32)
     return jax.jit(with_mesh_context(reference_logprobs, mesh))
 
@@ -121,3 +128,9 @@ def frozen_reference(model: nnx.Module, dtype, *, mesh=None) -> tuple:
         lambda x: jnp.copy(x).astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else jnp.copy(x), tree),
         out_shardings=shardings)
     return graphdef, cast(state)
+
+
+def reference_micro_batches(cfg) -> int:
+    """Row groups of the reference forward: the step's micro-batches of every minibatch (`grpo.micro_batches` x
+    `grpo.minibatches`), so it holds the rows one micro-batch of the step does."""
+    return setting(cfg, "micro_batches") * cfg.minibatches
