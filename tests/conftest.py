@@ -55,7 +55,8 @@ def buckets(tmp_path_factory):
 LONGEST_FIRST = ("test_multihost_train.py", "test_multihost_async.py", "test_train_reliability.py",
                  "test_rollout_replica_worker.py", "test_train_sao.py", "test_rollout_replicas.py",
                  "test_train_grpo.py", "test_sweep_layout.py", "test_export_stream.py", "test_microbatch.py",
-                 "test_moe_ep.py", "test_model_hf_parity.py", "test_train_injected.py", "test_bench_pod.py")
+                 "test_moe_ep.py", "test_model_hf_parity.py", "test_train_injected.py", "test_bench_pod.py",
+                 "test_row_split_learner.py", "test_row_split_model.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -85,6 +85,7 @@ def test_split_rows_blockwise_attention_beside_fsdp_and_tensor():
     _check({"fsdp": 2, "sequence": 2, "tensor": 2}, attention_impl="blockwise", gdn_impl="chunked")
 
 
+@pytest.mark.slow
 def test_split_rows_with_the_expert_parallel_moe():
     """Tokens of split rows are dispatched to experts from the chip that holds them ('sequence' is a token axis)."""
     _check({"fsdp": 2, "sequence": 2, "expert": 2}, attention_impl="blockwise", gdn_impl="chunked", moe_impl="ep")
