@@ -47,7 +47,8 @@ def test_a_missing_config_file_is_one_line(parse, tmp_path):
 
 def test_a_config_file_that_raises_gives_its_last_line(parse):
     message = _refusal(lambda: parse("--config", "experiments/sft.py:bogus"))
-    assert message.endswith("ValueError: unknown variant 'bogus' of experiments/sft.py; use ':tiny' or ':long' or nothing")
+    assert message.endswith("ValueError: unknown variant 'bogus' of experiments/sft.py; "
+                            "use ':tiny' or ':long' or nothing")
 
 
 @pytest.mark.parametrize("override, expected", [
