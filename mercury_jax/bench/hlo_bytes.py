@@ -316,10 +316,16 @@ def collective_bytes(text: str) -> dict[str, int]:
 
 def counted_collectives(since: float) -> dict[str, int] | None:
     """`collective_bytes` of the program compiled last, None when nothing is dumped."""
+    return _count_last_module(collective_bytes, since)
+
+
+def _count_last_module(count: Callable[[str], object], since: float):
+    """`count` of the optimised text of the program compiled last (`optimised_module_text`), None when nothing is
+    dumped (no `dump_optimised_hlo` in this process, or it came after jax started)."""
     if _dump_dir is None:
         return None
     try:
-        return collective_bytes(optimised_module_text(_dump_dir, since))
+        return count(optimised_module_text(_dump_dir, since))
     except FileNotFoundError:
         return None
 
@@ -357,12 +363,7 @@ def dump_optimised_hlo(module_re: str = ".*traced_on_mesh.*") -> str:
 def counted_bytes(since: float) -> int | None:
     """`module_bytes` of the program compiled last (`optimised_module_text`), None when nothing is dumped (no
     `dump_optimised_hlo` in this process, or it came after jax started)."""
-    if _dump_dir is None:
-        return None
-    try:
-        return module_bytes(optimised_module_text(_dump_dir, since))
-    except FileNotFoundError:
-        return None
+    return _count_last_module(module_bytes, since)
 
 
 def bytes_per_trip(since: float, compile_one_trip: Callable[[], object], trips: int) -> float | None:
