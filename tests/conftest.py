@@ -2,20 +2,9 @@
 import os
 
 os.environ["JAX_PLATFORMS"] = "cpu"
-# The suite's time is XLA:CPU compiling tiny programs that then run for milliseconds. LLVM at -O0 compiles them ~30%
-# faster (measured: tests/test_train_sao.py + test_row_split_model.py + test_microbatch.py 494 -> 344 s on 2 cores).
-# It changes only the CPU code generator: the HLO passes (fusion, SPMD partitioning, layouts, memory analysis) are
-# the same, and results move at float32 rounding level, which every comparison here already allows. The child
-# processes the tests start take it too (`MERCURY_CHILD_XLA_FLAGS`: mercury_jax/bench/local_processes.py, the
-# tests' *_worker.py scripts). The benchmarks never set it.
-FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0"
-os.environ["MERCURY_CHILD_XLA_FLAGS"] = FAST_COMPILE_FLAGS
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
-    _flags += " --xla_force_host_platform_device_count=8"
-if "xla_backend_optimization_level" not in _flags:
-    _flags += " " + FAST_COMPILE_FLAGS
-os.environ["XLA_FLAGS"] = _flags.strip()
+    os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import jax  # noqa: E402  (must come after the environment is set)

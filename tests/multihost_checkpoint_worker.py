@@ -16,7 +16,7 @@ import os
 import sys
 
 os.environ["JAX_PLATFORMS"] = "cpu"
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count=2 {os.environ.get('MERCURY_CHILD_XLA_FLAGS', '')}"
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from mercury_jax.parallel.distributed import initialize_from_env  # noqa: E402

@@ -26,12 +26,6 @@ class LaunchFailed(RuntimeError):
     pass
 
 
-def child_xla_flags(flags: str) -> str:
-    """`flags` and the caller's `MERCURY_CHILD_XLA_FLAGS` (the tests' fast-compile flag, tests/conftest.py; unset in
-    the benchmarks), for a child process's `XLA_FLAGS`."""
-    return f"{flags} {os.environ.get('MERCURY_CHILD_XLA_FLAGS', '')}".strip()
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -47,7 +41,7 @@ def launch(args: list[str], *, logs: Path, processes: int, devices: int, name: s
     procs = []
     for rank in range(processes):
         env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
-                   XLA_FLAGS=child_xla_flags(f"--xla_force_host_platform_device_count={devices}"))
+                   XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
         for key in _INHERITED_OUT:
             env.pop(key, None)
         if compilation_cache is not None:
