@@ -4,13 +4,13 @@
         [--step N] [--stage sao|sft|grpo] [--dtype bfloat16|float32] [--experts fused|unfused]
 
 The run directory (a local path, `file:///abs/path` or `gs://bucket/run`) is read through
-`mercury_jax.train.run_reader` (what it must hold and the errors that say what is missing are documented there):
+`mercury_jax.runs.run_reader` (what it must hold and the errors that say what is missing are documented there):
 `config.json` says how the model was built and which tokenizer the run used; the Orbax checkpoints
 `STAGE/checkpoints/STEP` hold the policy (SAO and pivot GRPO: `actor/params` + `actor/frozen`, in the `arrays` item
 or a role item `arrays_actor`; SFT: `params` + `frozen`); the latest step unless `--step`.
 
 The export streams: each HF tensor is built from the checkpoint arrays it comes from, read one at a time (a scanned
-layer stack one layer's row at a time, `train/checkpoint_tensors.py`), cast to the export dtype as it is read, and
+layer stack one layer's row at a time, `runs/checkpoint_tensors.py`), cast to the export dtype as it is read, and
 written into its safetensors shard without holding the shard (`models/qwen35_moe/safetensors_shards.py`). Host
 memory is bounded by a few times the largest checkpoint array, not the model's size (BENCHMARKS.md "HF export of a
 run: host memory"); the critic and the optimiser moments are never read, and no accelerator is needed. The files
@@ -32,9 +32,9 @@ from pathlib import Path
 import jax.numpy as jnp
 
 from mercury_jax.chat import BUILTIN_CHAT_TEMPLATE
-from mercury_jax.train.checkpoint_tensors import CheckpointTensors
-from mercury_jax.train.pipelines import STAGES
-from mercury_jax.train.run_reader import RunReader, RunReadError
+from mercury_jax.config.registry import STAGES
+from mercury_jax.runs.checkpoint_tensors import CheckpointTensors
+from mercury_jax.runs.run_reader import RunReader, RunReadError
 from models.qwen35_moe.hf import write_hf
 
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",

@@ -6,7 +6,7 @@ named by `config.pipeline`. A missing or unloadable config file, an override of 
 validation and a workdir that cannot be a directory each end the run with one `error:` line on stderr (exit 1)
 before any work. A rerun with the same `--workdir` resumes from its last checkpoint, refusing a config
 that differs from the workdir's in a field that changes shapes or data (`--resume_force_config` overrides). A
-SIGTERM checkpoints the step in progress and exits with status 143 (`train/preemption.py`).
+SIGTERM checkpoints the step in progress and exits with status 143 (`runs/preemption.py`).
 """
 from __future__ import annotations
 
@@ -29,13 +29,13 @@ import jax  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from mercury_jax.train import preemption  # noqa: E402  (SIGTERM: checkpoint the current step, then exit 143)
-from mercury_jax.train.environment import record_environment  # noqa: E402  (package versions of each start)
-from mercury_jax.train.pipelines import pipeline  # noqa: E402
-from mercury_jax.train.resume import check_run_config  # noqa: E402  (a rerun resumes: it must be the same run)
-from mercury_jax.train.run_guard import run_guard  # noqa: E402  (the workdir lock and the peer watch)
-from mercury_jax.train.rundir import RunDir, is_local  # noqa: E402
-from mercury_jax.train.validate import ConfigError, validate_config  # noqa: E402
+from mercury_jax.config.registry import pipeline  # noqa: E402
+from mercury_jax.config.validate import ConfigError, validate_config  # noqa: E402
+from mercury_jax.runs import preemption  # noqa: E402  (SIGTERM: checkpoint the current step, then exit 143)
+from mercury_jax.runs.environment import record_environment  # noqa: E402  (package versions of each start)
+from mercury_jax.runs.resume import check_run_config  # noqa: E402  (a rerun resumes: it must be the same run)
+from mercury_jax.runs.run_guard import run_guard  # noqa: E402  (the workdir lock and the peer watch)
+from mercury_jax.runs.rundir import RunDir, is_local  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file, e.g. experiments/sao.py:tiny",
                                           lock_config=True)
@@ -48,7 +48,7 @@ flags.DEFINE_float(  # read by peer_watch.timeout_from_argv (before absl, for JA
 _RESUME_FORCE_CONFIG = flags.DEFINE_bool(
     "resume_force_config", False, "resume a workdir even though its config.json differs from this config in fields "
     "that change shapes or data (model, tokenizer, world, seed, ...: each pipeline's resume fields, "
-    "train/pipelines.py)")
+    "config/registry.py)")
 
 
 def main(argv):

@@ -4,7 +4,7 @@ the checkpoint the released rule selects (docs/ALGORITHMS.md, pipeline 2, "Check
     python -m mercury_jax.sweep --workdir runs/grpo [--steps 0,20,40] [--num-tasks 256] [--seed S] \
         [--alpha 0.05] [--confidence 0.95] [--out DIR] [--recompute]
 
-`--workdir` is a local path, a `file:///abs/path` URL or a `gs://` URI (read through `train/run_reader.py`). For each
+`--workdir` is a local path, a `file:///abs/path` URL or a `gs://` URI (read through `runs/run_reader.py`). For each
 checkpoint `WORKDIR/grpo/checkpoints/STEP` (ascending; step 0 is the starting SFT policy and is always evaluated)
 the policy runs one full tool episode per held-out task (`setup.world_tasks(config.world, "eval")`, the first
 `--num-tasks`) with the run's rollout budgets and sampling, on the run's rollout layout (`train/checkpoint_engine.py`):
@@ -61,9 +61,9 @@ from mercury_jax.evaluation import (  # noqa: E402
 from mercury_jax.evaluation.selection import START_STEP  # noqa: E402
 from mercury_jax.parallel.distributed import is_primary  # noqa: E402
 from mercury_jax.rollout.engine import Engine  # noqa: E402
+from mercury_jax.runs.run_reader import EVAL_SEED_OFFSET, RunReader, RunReadError, eval_seed  # noqa: E402
+from mercury_jax.runs.rundir import as_path, is_local, write_atomically  # noqa: E402
 from mercury_jax.train.checkpoint_engine import CheckpointEngine  # noqa: E402
-from mercury_jax.train.run_reader import EVAL_SEED_OFFSET, RunReader, RunReadError, eval_seed  # noqa: E402
-from mercury_jax.train.rundir import as_path, is_local, write_atomically  # noqa: E402
 from mercury_jax.train.setup import world_tasks  # noqa: E402
 
 STAGE = "grpo"

@@ -27,7 +27,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
-from mercury_jax.train.checkpoints import Checkpointer, checkpoint_layout  # noqa: E402
+from mercury_jax.runs.checkpoints import Checkpointer, checkpoint_layout  # noqa: E402
 
 ROLES = {"actor": (2, 6), "critic": (6, 10)}  # devices [start, stop) of jax.devices(): 2 processes each
 

@@ -20,8 +20,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
-from mercury_jax.train.run_guard import run_guard  # noqa: E402
-from mercury_jax.train.rundir import RunDir  # noqa: E402
+from mercury_jax.runs.run_guard import run_guard  # noqa: E402
+from mercury_jax.runs.rundir import RunDir  # noqa: E402
 
 
 def main(workdir: str, victim: int, kill_after: float, timeout_s: float, how: str) -> None:

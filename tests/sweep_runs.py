@@ -38,8 +38,8 @@ def released_structure(config: ml_collections.ConfigDict, param_dtype: str) -> m
 def start_run(workdir: Path, config: ml_collections.ConfigDict) -> Path:
     """config.json and the run's SentencePiece tokenizer in `workdir`."""
     from mercury_jax.chat import render
+    from mercury_jax.runs.run_reader import save_run_config
     from mercury_jax.train import setup
-    from mercury_jax.train.run_reader import save_run_config
 
     save_run_config(config, workdir)
     tasks = setup.world_tasks(config.world, "train") + setup.world_tasks(config.world, "eval")
@@ -54,13 +54,13 @@ def save_checkpoints(workdir: Path, scales=(1.0, 1.5)) -> Path:
     import jax
     from flax import nnx
 
-    from mercury_jax.train import setup
-    from mercury_jax.train.checkpoints import Checkpointer
-    from mercury_jax.train.run_reader import RunReader
+    from mercury_jax.config.model import build_model
+    from mercury_jax.runs.checkpoints import Checkpointer
+    from mercury_jax.runs.run_reader import RunReader
 
     reader = RunReader(workdir)
     config = reader.config
-    model = setup.build_model(config.model, reader.tokenizer().vocab_size, config.seed)
+    model = build_model(config.model, reader.tokenizer().vocab_size, config.seed)
     _, params, frozen = nnx.split(model, nnx.Param, ...)
     checkpointer = Checkpointer(Path(workdir) / "grpo" / "checkpoints", save_every=1, keep=10, async_save=False)
     for step, scale in enumerate(scales):
@@ -72,7 +72,7 @@ def save_checkpoints(workdir: Path, scales=(1.0, 1.5)) -> Path:
 
 def same_run_with_config(source: Path, workdir: Path, config: ml_collections.ConfigDict) -> Path:
     """A copy of run `source` (tokenizer, checkpoints) whose config.json is `config` (same model weights)."""
-    from mercury_jax.train.run_reader import save_run_config
+    from mercury_jax.runs.run_reader import save_run_config
 
     shutil.copytree(source, workdir, ignore=shutil.ignore_patterns("sweep"))
     (workdir / "config.json").unlink()

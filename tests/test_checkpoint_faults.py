@@ -23,10 +23,10 @@ from flax import nnx
 from safetensors import safe_open
 
 from mercury_jax.export import export_run
-from mercury_jax.train.checkpoints import Checkpointer, CheckpointRestoreError, CheckpointSaveError
+from mercury_jax.runs.checkpoints import Checkpointer, CheckpointRestoreError, CheckpointSaveError
+from mercury_jax.runs.run_reader import RunReader, RunReadError, save_run_config
+from mercury_jax.runs.rundir import RunDir
 from mercury_jax.train.loop import Cadence, StepResult, run_loop
-from mercury_jax.train.run_reader import RunReader, RunReadError, save_run_config
-from mercury_jax.train.rundir import RunDir
 
 SIZE = 4096  # random float32 values in the state: its compressed data file (~6 KB) exceeds FILE_LIMIT, the JSON
 FILE_LIMIT = 4096  # files and the few metric rows written under the limit do not

@@ -1,4 +1,4 @@
-"""Checkpoints of learner roles that live on some hosts only (train/checkpoint_roles.py), on 5 processes of this
+"""Checkpoints of learner roles that live on some hosts only (runs/checkpoint_roles.py), on 5 processes of this
 machine (tests/multihost_checkpoint_worker.py): each role is its own Orbax item, every process writes and reads the
 shards it holds, nothing goes through a host copy; the files are ordinary Orbax items (export reads them in one
 process), and a damaged role item is named by the resume's file check."""
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from mercury_jax.bench.local_processes import run_reporting_script
-from mercury_jax.train.checkpoint_faults import unreadable_reason
-from mercury_jax.train.run_reader import checkpoint_steps, read_checkpoint_arrays
+from mercury_jax.runs.checkpoint_faults import unreadable_reason
+from mercury_jax.runs.run_reader import checkpoint_steps, read_checkpoint_arrays
 
 WORKER = Path(__file__).with_name("multihost_checkpoint_worker.py")
 PROCESSES = 5

@@ -1,6 +1,6 @@
 """The training wing's shape rules, held by the code itself: no function or constructor in mercury_jax/rollout,
 mercury_jax/train or mercury_jax/data takes more than 10 parameters or runs longer than 60 lines (settings travel
-as dataclasses, `rollout/settings.py`); config defaults live in one table (`train/config_defaults.py`), whose
+as dataclasses, `rollout/settings.py`); config defaults live in one table (`config/defaults.py`), whose
 every name is a field some experiment config spells out; and every registered pipeline has its experiment file
 and module."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mercury_jax.train.config_defaults import DEFAULTS
-from mercury_jax.train.pipelines import PIPELINES
+from mercury_jax.config.defaults import DEFAULTS
+from mercury_jax.config.registry import PIPELINES
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_PARAMS, MAX_LINES = 10, 60

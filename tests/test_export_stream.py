@@ -26,9 +26,9 @@ from experiments import common
 from mercury_jax.bench.export_rss import directories_identical, export_in_memory
 from mercury_jax.bench.local_processes import run_reporting_script
 from mercury_jax.export import ExportError, export_run, main
-from mercury_jax.train.checkpoint_tensors import CheckpointTensors, stored_arrays
-from mercury_jax.train.checkpoints import Checkpointer
-from mercury_jax.train.run_reader import PolicyItem, RunReader, RunReadError, read_checkpoint_arrays, save_run_config
+from mercury_jax.runs.checkpoint_tensors import CheckpointTensors, stored_arrays
+from mercury_jax.runs.checkpoints import Checkpointer
+from mercury_jax.runs.run_reader import PolicyItem, RunReader, RunReadError, read_checkpoint_arrays, save_run_config
 from models.qwen35_moe import Qwen35MoeForCausalLM
 from models.qwen35_moe import config as C
 from models.qwen35_moe.hf import write_hf

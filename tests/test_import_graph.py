@@ -134,3 +134,19 @@ def test_the_checks_see_a_circle_a_deferred_import_and_relative_imports():
     relative = "from . import y\nfrom .y import z\nfrom ..q import thing\n"
     assert imported_modules(relative, "p.x", modules) == {"p.y", "p.y.z", "q"}
     assert imported_modules("from .x import f\n", "p", modules, is_package=True) == {"p.x"}
+
+
+# The trainer's three rooms, bottom to top: the config rules, the run directory and its I/O, the algorithms and the
+# loop. A room imports only rooms below it (and anything outside these three).
+TRAINER_ROOMS = ("mercury_jax.config", "mercury_jax.runs", "mercury_jax.train")
+
+
+def test_config_below_runs_below_train():
+    bad = []
+    for source, targets in import_graph().items():
+        room = next((r for r in TRAINER_ROOMS if source == r or source.startswith(r + ".")), None)
+        if room is None:
+            continue
+        above = TRAINER_ROOMS[TRAINER_ROOMS.index(room) + 1:]
+        bad += [f"{source} -> {t}" for t in targets if any(t == a or t.startswith(a + ".") for a in above)]
+    assert not bad, "config < runs < train, and an arrow points up:\n" + "\n".join(sorted(bad))

@@ -37,15 +37,16 @@ from tolerances import METRIC_C, assert_gradients_close, rounding
 from experiments.grpo import get_config as grpo_config
 from experiments.sao import get_config as sao_config
 from experiments.sft import get_config as sft_config
+from mercury_jax.config.roles import role_mesh_sizes, row_shards
+from mercury_jax.config.validate import ConfigError, validate_config
 from mercury_jax.parallel import make_mesh, shard_params
 from mercury_jax.rl.losses import ppo_clip_loss
 from mercury_jax.train.grpo_learner import make_grpo_step
 from mercury_jax.train.microbatch import MicroBatchError, split_rows
-from mercury_jax.train.placement import batch_to_mesh, role_mesh_sizes, row_shards, step_shardings
+from mercury_jax.train.placement import batch_to_mesh, step_shardings
 from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step
 from mercury_jax.train.sft_learner import make_sft_step
 from mercury_jax.train.state import TrainState, make_update_step
-from mercury_jax.train.validate import ConfigError, validate_config
 from models.qwen35_moe import Qwen35MoeForCausalLM
 from models.qwen35_moe import config as C
 from models.qwen35_moe.logprobs import sequence_logprobs

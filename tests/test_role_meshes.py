@@ -1,4 +1,4 @@
-"""Role meshes and models born sharded (train/placement.py, parallel/sharding.py): each learner role gets its own
+"""Role meshes and models born sharded (train/placement.py, config/roles.py, parallel/sharding.py): each learner role gets its own
 (data, fsdp, expert, tensor) mesh over its device group, a config that cannot be laid out fails validation naming
 the role, and the policy, the critic and the GRPO reference are created straight into their role's sharding with
 the values of an unsharded build: copies and casts exactly; a preset's jitted sharded init to 2 fp32 ulp (the same
@@ -14,11 +14,12 @@ from flax import nnx
 
 from experiments.grpo import get_config as grpo_config
 from experiments.sao import get_config as sao_config
+from mercury_jax.config.model import build_model
+from mercury_jax.config.roles import ROW_AXES, role_mesh_sizes, row_shards
+from mercury_jax.config.validate import ConfigError, validate_config
 from mercury_jax.parallel import init_sharded, make_mesh, variable_sharding
 from mercury_jax.train.grpo_learner import frozen_reference
-from mercury_jax.train.placement import ROW_AXES, batch_to_mesh, role_mesh_sizes, role_meshes, row_shards
-from mercury_jax.train.setup import build_model
-from mercury_jax.train.validate import ConfigError, validate_config
+from mercury_jax.train.placement import batch_to_mesh, role_meshes
 from models.qwen35_moe.critic import Qwen35MoeCritic
 
 VOCAB = 256

@@ -10,11 +10,11 @@ from flax import nnx
 from test_rollout_episode import ENTERPRISE, REAL_BUDGETS, REAL_SAMPLING, chatty_model, tokenizer  # noqa: F401
 from test_rollout_worker import drain
 
+from mercury_jax.config.validate import ConfigError, validate_config
 from mercury_jax.parallel import make_mesh, shard_params
 from mercury_jax.rollout import Engine, EngineSettings, EpisodeSettings, Request, replica_meshes
 from mercury_jax.rollout.worker import RolloutWorker
 from mercury_jax.train.rollouts import Rollouts
-from mercury_jax.train.validate import ConfigError, validate_config
 from models.qwen35_moe import Qwen35MoeForCausalLM
 from models.qwen35_moe import config as C
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mercury_jax.config.model import build_model
 from mercury_jax.evaluation import (
     EpisodeOutcomes,
     checkpoint_record,
@@ -256,7 +257,7 @@ def sweep_error(capsys, *argv) -> str:
 
 
 def test_cli_names_what_is_missing(tmp_path, capsys):
-    from mercury_jax.train.run_reader import save_run_config
+    from mercury_jax.runs.run_reader import save_run_config
 
     assert "does not exist; pass the directory of a pivot-GRPO run" in sweep_error(capsys, tmp_path / "nowhere")
     assert "config.json does not exist" in sweep_error(capsys, tmp_path)
@@ -284,8 +285,8 @@ def test_cli_names_what_is_missing(tmp_path, capsys):
 def tokenizer_run(tmp_path_factory):
     """The start of a fake pivot-GRPO run: config.json and the SentencePiece tokenizer trained on oracle text."""
     from mercury_jax.chat import render
+    from mercury_jax.runs.run_reader import save_run_config
     from mercury_jax.train import setup
-    from mercury_jax.train.run_reader import save_run_config
 
     workdir = tmp_path_factory.mktemp("grpo-run")
     config = tiny_grpo_config()
@@ -303,13 +304,12 @@ def tiny_run(tokenizer_run):
     import jax
     from flax import nnx
 
-    from mercury_jax.train import setup
-    from mercury_jax.train.checkpoints import Checkpointer
-    from mercury_jax.train.run_reader import RunReader
+    from mercury_jax.runs.checkpoints import Checkpointer
+    from mercury_jax.runs.run_reader import RunReader
 
     reader = RunReader(tokenizer_run)
     config = reader.config
-    model = setup.build_model(config.model, reader.tokenizer().vocab_size, config.seed)
+    model = build_model(config.model, reader.tokenizer().vocab_size, config.seed)
     _, params, frozen = nnx.split(model, nnx.Param, ...)
     perturbed = jax.tree.map(lambda x: x * 1.5, params)
     checkpointer = Checkpointer(tokenizer_run / "grpo" / "checkpoints", save_every=1, keep=10, async_save=False)
@@ -413,7 +413,7 @@ def test_sweep_selects_by_the_rule_on_scripted_policies(tokenizer_run, tmp_path,
     import shutil
 
     from mercury_jax import sweep
-    from mercury_jax.train.run_reader import RunReader, save_run_config
+    from mercury_jax.runs.run_reader import RunReader, save_run_config
     from mercury_jax.train.setup import world_tasks
 
     workdir = tmp_path

@@ -1,4 +1,4 @@
-"""The checkpoint sweep on the released rollout layout (`train/checkpoint_engine.py`, `train/replica_restore.py`)
+"""The checkpoint sweep on the released rollout layout (`train/checkpoint_engine.py`, `runs/replica_restore.py`)
 against the single-device sweep of the same checkpoints.
 
 Three copies of one tiny pivot-GRPO run (checkpoints 0 and 1 of a random policy), differing in config.json only:
@@ -23,10 +23,10 @@ from flax import nnx
 from sweep_runs import released_structure, same_run_with_config, save_checkpoints, start_run, tiny_grpo_config
 
 from mercury_jax.bench.local_processes import run_reporting_script
+from mercury_jax.runs.replica_restore import restore_into_replicas
+from mercury_jax.runs.run_reader import RunReader, read_checkpoint_arrays
 from mercury_jax.sweep import run_sweep
 from mercury_jax.train.checkpoint_engine import CheckpointEngine
-from mercury_jax.train.replica_restore import restore_into_replicas
-from mercury_jax.train.run_reader import RunReader, read_checkpoint_arrays
 
 WORKER = Path(__file__).with_name("multihost_sweep_worker.py")
 

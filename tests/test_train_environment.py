@@ -4,7 +4,7 @@ from importlib import metadata
 
 import jax
 
-from mercury_jax.train.environment import ENVIRONMENT_FILE, record_environment
+from mercury_jax.runs.environment import ENVIRONMENT_FILE, record_environment
 
 
 def test_each_start_appends_its_package_versions(tmp_path):

@@ -17,10 +17,10 @@ import pytest
 from group_baseline_worker import run_tiny, tiny_group_config
 
 from experiments.group_baseline import get_config
+from mercury_jax.config.validate import ConfigError, validate_config
 from mercury_jax.rollout.trajectory import Trajectory
+from mercury_jax.runs.rundir import checkpoint_steps
 from mercury_jax.train.group_baseline import GroupBaseline
-from mercury_jax.train.rundir import checkpoint_steps
-from mercury_jax.train.validate import ConfigError, validate_config
 
 pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")  # tests/conftest.py
 

@@ -22,13 +22,16 @@ from tolerances import METRIC_C, rounding
 
 from experiments.grpo import get_config
 from mercury_jax.chat import render_completion
+from mercury_jax.config.model import build_model
+from mercury_jax.config.validate import ConfigError, validate_config
 from mercury_jax.envs.browse.stop_verifier import STOP_RULES
 from mercury_jax.envs.episode import oracle_trajectory
 from mercury_jax.envs.presets import preset_tasks
 from mercury_jax.rl.advantages import group_advantages
 from mercury_jax.rollout.rewards import StopVerifierReward
 from mercury_jax.rollout.trajectory import Trajectory
-from mercury_jax.train import setup
+from mercury_jax.runs.run_reader import read_checkpoint_arrays, save_run_config
+from mercury_jax.runs.rundir import RunDir
 from mercury_jax.train.grpo import PivotGrpo, group_batch, grpo_cadence, minibatch_rows, outcome_metrics
 from mercury_jax.train.grpo_learner import (
     GrpoLossSettings,
@@ -41,10 +44,7 @@ from mercury_jax.train.loop import run_loop
 from mercury_jax.train.optim import make_optimizer
 from mercury_jax.train.pivot_data import build_pivots, read_pivots, task_tool_schemas
 from mercury_jax.train.rollouts import Seams
-from mercury_jax.train.run_reader import read_checkpoint_arrays, save_run_config
-from mercury_jax.train.rundir import RunDir
 from mercury_jax.train.state import TrainState
-from mercury_jax.train.validate import ConfigError, validate_config
 from mercury_jax.train.warm_start import starting_policy
 from models.qwen35_moe.logprobs import sequence_logprobs
 
@@ -193,7 +193,7 @@ def test_learner_step_wires_rollout_and_reference_logprobs(tiny_model):
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    return setup.build_model(tiny_grpo_config(1).model, 256, seed=0)
+    return build_model(tiny_grpo_config(1).model, 256, seed=0)
 
 
 # ------------------------------------------------------------------------------------------------ real steps

@@ -1,4 +1,4 @@
-"""The training loop (`train/loop.py`) and the run directory (`train/rundir.py`) with a scripted algorithm: what is
+"""The training loop (`train/loop.py`) and the run directory (`runs/rundir.py`) with a scripted algorithm: what is
 logged, evaluated, checkpointed and published at which step, what a resume replays, what an error leaves behind,
 and run directories named by URI."""
 from __future__ import annotations
@@ -11,11 +11,11 @@ import pytest
 from etils import epath
 from etils.epath import testing as epath_testing
 
+from mercury_jax.runs.resume import read_jsonl
+from mercury_jax.runs.rundir import RunDir, append_line, as_path
 from mercury_jax.train.guards import NonFiniteError
 from mercury_jax.train.loop import Cadence, StepResult, run_loop
 from mercury_jax.train.metrics import MetricsLogger
-from mercury_jax.train.resume import read_jsonl
-from mercury_jax.train.rundir import RunDir, append_line, as_path
 
 
 class Counting:

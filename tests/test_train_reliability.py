@@ -34,15 +34,17 @@ from scripted_engine import ScriptedEngine  # noqa: E402
 from experiments import common  # noqa: E402
 from experiments.sft import sft_config  # noqa: E402
 from experiments.sft import tiny_sft as tiny_sft_section  # noqa: E402
+from mercury_jax.config.model import build_model  # noqa: E402
 from mercury_jax.data.corpus import InMemoryCorpus  # noqa: E402
-from mercury_jax.train import preemption, setup  # noqa: E402
-from mercury_jax.train.checkpoints import Checkpointer  # noqa: E402
+from mercury_jax.runs import preemption  # noqa: E402
+from mercury_jax.runs.checkpoints import Checkpointer  # noqa: E402
+from mercury_jax.runs.resume import ResumeError, check_run_config, read_jsonl, truncate_jsonl  # noqa: E402
+from mercury_jax.runs.run_reader import read_checkpoint_arrays, save_run_config  # noqa: E402
+from mercury_jax.runs.rundir import StageDir, as_path  # noqa: E402
+from mercury_jax.train import setup  # noqa: E402
 from mercury_jax.train.guards import NonFiniteError, NonFiniteGuard  # noqa: E402
 from mercury_jax.train.metrics import MetricsLogger  # noqa: E402
-from mercury_jax.train.resume import ResumeError, check_run_config, read_jsonl, truncate_jsonl  # noqa: E402
 from mercury_jax.train.rollouts import Seams  # noqa: E402
-from mercury_jax.train.run_reader import read_checkpoint_arrays, save_run_config  # noqa: E402
-from mercury_jax.train.rundir import StageDir, as_path  # noqa: E402
 from mercury_jax.train.sft import Sft  # noqa: E402
 from mercury_jax.train.sft import run_sft as sft_run  # noqa: E402
 from mercury_jax.train.state import TrainState, make_update_step  # noqa: E402
@@ -131,7 +133,7 @@ def run_sft(workdir, steps, *, poison_steps=(), train=None, every=1, keep=2):
             batch = super().batch(step, local)
             return {**batch, "loss_mask": batch["loss_mask"] * jnp.nan} if step in poison_steps else batch
 
-    return sft_run(cfg, setup.build_model(model_cfg, VOCAB, seed=0), corpus, workdir,
+    return sft_run(cfg, build_model(model_cfg, VOCAB, seed=0), corpus, workdir,
                    checkpoint_cfg=checkpoint_cfg, train_cfg=train, algorithm=PoisonedSft)
 
 

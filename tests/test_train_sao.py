@@ -2,7 +2,7 @@
 
 One uninterrupted tiny run (3 steps: 1 critic-only, then 2 with policy updates; rollout / actor / critic on 4 / 2 /
 2 devices, a checkpoint every step) serves most tests; its checkpoints are read back with
-`mercury_jax.train.run_reader.read_checkpoint_arrays`. The tiny policy after 2 SFT steps earns reward 0 on every
+`mercury_jax.runs.run_reader.read_checkpoint_arrays`. The tiny policy after 2 SFT steps earns reward 0 on every
 task, which makes every advantage, value target and gradient 0 (nothing would move, and every test below would pass
 vacuously); so the runs inject (`rollouts.Seams`) a synthetic, deterministic reward of their action tokens and an
 engine that records the weights the trainer publishes to it.
@@ -22,15 +22,16 @@ import torch
 from flax import nnx
 
 from experiments.sao import get_config
+from mercury_jax.config.model import build_model
+from mercury_jax.config.validate import ConfigError, validate_config
 from mercury_jax.export import export_run
 from mercury_jax.export import main as export_main
 from mercury_jax.rollout.engine import Engine
+from mercury_jax.runs.run_reader import RunReader, RunReadError, read_checkpoint_arrays, save_run_config
+from mercury_jax.runs.rundir import RunDir
 from mercury_jax.train import setup
 from mercury_jax.train.rollouts import Seams
-from mercury_jax.train.run_reader import RunReader, RunReadError, read_checkpoint_arrays, save_run_config
-from mercury_jax.train.rundir import RunDir
 from mercury_jax.train.sao import Sao, run_sao
-from mercury_jax.train.validate import ConfigError, validate_config
 
 pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")  # tests/conftest.py
 
@@ -207,7 +208,7 @@ def test_runners_take_the_behaviour_section_of_the_config(full_run, tmp_path):
     assert setup.behaviour(config) == expected
     # without an injected reward the trainer's train and held-out runners pay with the config's behaviour
     tokenizer = RunReader(full_run["workdir"]).tokenizer()
-    sao = Sao(config, setup.build_model(config.model, tokenizer.vocab_size, 0), tokenizer,
+    sao = Sao(config, build_model(config.model, tokenizer.vocab_size, 0), tokenizer,
               RunDir(tmp_path).stage("sao"))
     assert sao.rollouts.runner.reward.behaviour == expected and sao.heldout.runner.reward.behaviour == expected
     del config.behaviour  # a run config written before the section existed

@@ -1,5 +1,5 @@
 """`validate_config` refuses every out-of-range or wrong-typed numeric field of the released configs in one line
-naming the field, the value and the range (the table in mercury_jax/train/config_ranges.py), before any work
+naming the field, the value and the range (the table in mercury_jax/config/ranges.py), before any work
 starts; the released configs and their `:tiny` variants pass."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import ml_collections
 import pytest
 
 from experiments import grpo, sao, sft
-from mercury_jax.train.config_ranges import FIELDS, UNCHECKED, leaves, rule_for
-from mercury_jax.train.validate import ConfigError, validate_config
+from mercury_jax.config.ranges import FIELDS, UNCHECKED, leaves, rule_for
+from mercury_jax.config.validate import ConfigError, validate_config
 
 EXPERIMENTS = {"sft": sft, "sao": sao, "grpo": grpo}
 VARIANTS = [(name, variant) for name in EXPERIMENTS for variant in (None, "tiny")] + [("sft", "long"),

@@ -1,4 +1,4 @@
-"""One run per workdir (mercury_jax/train/workdir_lock.py): a live lock refuses a second run with a message naming
+"""One run per workdir (mercury_jax/runs/workdir_lock.py): a live lock refuses a second run with a message naming
 the owner; a stale one (dead pid on this host, not refreshed for too long, or a torn file) is taken over; of runs
 racing for one workdir exactly one wins; and the CLI refuses a second `main` on a live workdir in one line."""
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from mercury_jax.train import workdir_lock
-from mercury_jax.train.workdir_lock import LOCK_NAME, LockOwner, WorkdirLocked, acquire, read_owner
+from mercury_jax.runs import workdir_lock
+from mercury_jax.runs.workdir_lock import LOCK_NAME, LockOwner, WorkdirLocked, acquire, read_owner
 
 ROOT = Path(__file__).parents[1]
 
@@ -80,7 +80,7 @@ def test_of_runs_racing_for_one_workdir_exactly_one_wins(tmp_path):
     script = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(ROOT)!r})
-        from mercury_jax.train.workdir_lock import acquire, WorkdirLocked
+        from mercury_jax.runs.workdir_lock import acquire, WorkdirLocked
         time.sleep(max(0.0, float(sys.argv[1]) - time.time()))
         try:
             lock = acquire(sys.argv[2])

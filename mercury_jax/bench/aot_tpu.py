@@ -1,6 +1,6 @@
 """Ahead-of-time compile the learner programs of a released run for its TPU role topology, on this CPU host, through
 the trainers' own code: the role mesh of the config (`train/placement.py`), the model with the config's runtime
-(`train/setup.py:model_runtime`), the optimiser (`train/optim.py`), and the real jitted steps of
+(`config/model.py:model_runtime`), the optimiser (`train/optim.py`), and the real jitted steps of
 `train/sao_learner.py` / `train/grpo_learner.py` with their micro-batching and pinned state shardings.
 
     PYTHONPATH=<libtpu dir>:. python -m mercury_jax.bench.aot_tpu --config experiments/sao.py --program actor \
@@ -34,12 +34,13 @@ from jax.experimental import topologies  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
 from mercury_jax.bench.report import markdown_table, write_section  # noqa: E402
+from mercury_jax.config.model import model_runtime  # noqa: E402
+from mercury_jax.config.roles import role_mesh_sizes  # noqa: E402
 from mercury_jax.parallel import make_mesh, variable_sharding  # noqa: E402
 from mercury_jax.train.grpo_learner import make_grpo_step  # noqa: E402
 from mercury_jax.train.optim import make_optimizer  # noqa: E402
-from mercury_jax.train.placement import batch_sharding, role_mesh_sizes  # noqa: E402
+from mercury_jax.train.placement import batch_sharding  # noqa: E402
 from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step  # noqa: E402
-from mercury_jax.train.setup import model_runtime  # noqa: E402
 from models.qwen35_moe import Qwen35MoeForCausalLM  # noqa: E402
 from models.qwen35_moe.config import PRESETS  # noqa: E402
 from models.qwen35_moe.critic import Qwen35MoeCritic, critic_trainable  # noqa: E402

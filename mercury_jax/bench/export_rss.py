@@ -30,7 +30,7 @@ from safetensors.numpy import save_file
 
 from mercury_jax.bench.report import markdown_table, write_section
 from mercury_jax.export import extra_files
-from mercury_jax.train.run_reader import RunReader
+from mercury_jax.runs.run_reader import RunReader
 from models.qwen35_moe.checkpoint_reader import INDEX_NAME
 from models.qwen35_moe.hf import hf_tensors
 from models.qwen35_moe.hf_tensors import EXPORT_PREFIX, FP32_TENSOR_SUFFIXES
@@ -99,8 +99,8 @@ import json
 import numpy as np
 from flax import nnx
 from experiments import common
-from mercury_jax.train.checkpoints import Checkpointer
-from mercury_jax.train.run_reader import save_run_config
+from mercury_jax.runs.checkpoints import Checkpointer
+from mercury_jax.runs.run_reader import save_run_config
 from models.qwen35_moe import Qwen35MoeForCausalLM
 from models.qwen35_moe.config import tiny
 cfg = tiny(vocab_size=32768, hidden_size=1024, num_hidden_layers={layers}, full_attention_interval=2,

@@ -62,6 +62,7 @@ from mercury_jax.bench.aot_tpu import (  # noqa: E402
 )
 from mercury_jax.bench.report import V5P_HBM_BYTES_PER_S, V5P_PEAK_FLOPS, markdown_table, replace_subsection  # noqa: E402
 from mercury_jax.bench.rollout_aot import abstract_engine, decode_read_bytes, laid_out, per_chip_bytes, prefill_inputs  # noqa: E402
+from mercury_jax.config.model import model_runtime, preset_config  # noqa: E402
 from mercury_jax.rollout.layout import replica_meshes  # noqa: E402
 from mercury_jax.rollout.publish import Publisher  # noqa: E402
 from mercury_jax.rollout.replicas import slots_per_replica  # noqa: E402
@@ -70,7 +71,6 @@ from mercury_jax.train.grpo_learner import make_grpo_step, make_reference_logpro
 from mercury_jax.train.optim import make_optimizer  # noqa: E402
 from mercury_jax.train.placement import batch_sharding, role_meshes  # noqa: E402
 from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step  # noqa: E402
-from mercury_jax.train.setup import model_runtime, preset_config  # noqa: E402
 from mercury_jax.train.sft_learner import make_sft_step  # noqa: E402
 from mercury_kernels.gated_delta.pallas import chunk_macs  # noqa: E402
 from models.qwen35_moe import Qwen35MoeForCausalLM  # noqa: E402
@@ -145,7 +145,7 @@ class Result:
 
 
 def model_config(config, preset: str):
-    """The run's model architecture as the trainer builds it (`setup.preset_config`): its preset (the `:tiny`
+    """The run's model architecture as the trainer builds it (`config.model.preset_config`): its preset (the `:tiny`
     overrides included) or, for a run that loads an HF checkpoint, `preset` (the checkpoint's architecture: shapes
     need no weights)."""
     return preset_config(config.model, config.tokenizer.vocab_size, config.model.get("preset") or preset)

@@ -21,6 +21,7 @@ from mercury_jax.rl.aggregation import aggregate_loss, masked_mean
 # probabilities e^20 apart) gets zero gradient from the clamped term, so one pathological token cannot blow up a
 # step; such tokens are always outside any trust region we use.
 LOG_RATIO_CLAMP = 20.0
+POLICY_LOSS_NAMES = ("dis", "ppo")  # `policy_loss` choices: dis_policy_loss, ppo_clip_loss
 
 __all__ = ["LOG_RATIO_CLAMP", "dis_policy_loss", "ppo_clip_loss", "value_loss", "kl_k1", "kl_k2", "kl_k3",
            "kl_loss"]

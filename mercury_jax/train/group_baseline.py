@@ -24,12 +24,14 @@ import time
 import ml_collections
 import numpy as np
 
+from mercury_jax.config.defaults import setting
 from mercury_jax.data.task_order import TaskOrder
 from mercury_jax.parallel.distributed import fetch
 from mercury_jax.rl.advantages import group_advantages
 from mercury_jax.rollout.trajectory import padded_length
+from mercury_jax.runs.run_reader import eval_seed
+from mercury_jax.runs.rundir import RunDir, StageDir
 from mercury_jax.train import setup
-from mercury_jax.train.config_defaults import setting
 from mercury_jax.train.episode_metrics import barrier_wait, length_spread, trajectory_metrics
 from mercury_jax.train.grpo import group_batch
 from mercury_jax.train.heldout import HeldOut
@@ -37,10 +39,7 @@ from mercury_jax.train.loop import Cadence, StepResult, run_loop
 from mercury_jax.train.packing import pack_batch, rows_used
 from mercury_jax.train.placement import batch_to_mesh, role_meshes, state_on_mesh, step_shardings
 from mercury_jax.train.rollouts import Rollouts, Seams
-from mercury_jax.train.run_reader import eval_seed
-from mercury_jax.train.rundir import RunDir, StageDir
-from mercury_jax.train.sao_learner import POLICY_LOSSES, make_actor_step
-from mercury_jax.train.validate import ConfigError, check_choice, check_micro_batches, role_row_shards
+from mercury_jax.train.sao_learner import make_actor_step
 from mercury_jax.train.warm_start import starting_policy
 
 STAGE = "group_baseline"
@@ -59,24 +58,6 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike, seams: Se
     return algorithm.actor.model(), history
 
 
-def check_config(config) -> None:
-    """The group-baseline rules: sync rollouts, groups of >= 2, a known policy loss, and a batch of B x K rows that
-    the actor mesh splits into whole rows and micro-batches."""
-    cfg = config.group_baseline
-    if config.rollout.mode != "sync":
-        raise ConfigError(f"rollout.mode is {config.rollout.mode!r}; the group-baseline pipeline learns from whole "
-                          f"groups sampled with the latest weights: set rollout.mode='sync'")
-    if cfg.group_size < 2:
-        raise ConfigError(f"group_baseline.group_size is {cfg.group_size}; a group baseline needs >= 2 episodes "
-                          f"of each task (8 released)")
-    check_choice("group_baseline.policy_loss", setting(cfg, "policy_loss"), POLICY_LOSSES)
-    rows = cfg.batch_prompts * cfg.group_size
-    shards, sizes = role_row_shards(config, "actor")
-    if rows % shards:
-        raise ConfigError(f"group_baseline.batch_prompts x group_size = {rows} rows are not divisible by the "
-                          f"{shards} row shards of the actor mesh {sizes}; change batch_prompts or mesh.actor")
-    check_micro_batches("group_baseline.actor_micro_batches", setting(cfg, "actor_micro_batches"), rows, shards,
-                        "group_baseline.batch_prompts x group_size", "actor")
 
 
 class GroupBaseline:

@@ -37,6 +37,7 @@ from mercury_jax.parallel.distributed import all_gather_objects, fetch
 from mercury_jax.rl.advantages import group_advantages
 from mercury_jax.rollout.rewards import StopVerifierReward
 from mercury_jax.rollout.trajectory import Trajectory, batch_trajectories, padded_length
+from mercury_jax.runs.rundir import RunDir, StageDir, append_line, write_text
 from mercury_jax.train import setup
 from mercury_jax.train.grpo_learner import (
     frozen_reference,
@@ -50,7 +51,6 @@ from mercury_jax.train.packing import pack_batch, rows_used
 from mercury_jax.train.pivot_data import build_pivots, prompt_ids, read_pivots, task_tool_schemas
 from mercury_jax.train.placement import batch_to_mesh, role_meshes, state_on_mesh, step_shardings
 from mercury_jax.train.rollouts import Rollouts, Seams
-from mercury_jax.train.rundir import RunDir, StageDir, append_line, write_text
 from mercury_jax.train.state import TrainState
 from mercury_jax.train.warm_start import starting_policy, starting_policy_name
 
@@ -305,4 +305,4 @@ def minibatch_rows(rows: int, minibatches: int, seed: int, step: int, epoch: int
     return np.split(order, minibatches)
 
 
-run = run_grpo  # the pipeline's entry (train/pipelines.py)
+run = run_grpo  # the pipeline's entry (config/registry.py)

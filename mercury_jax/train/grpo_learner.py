@@ -22,9 +22,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mercury_jax.config.defaults import setting
 from mercury_jax.parallel import param_shardings, with_mesh_context
 from mercury_jax.rl.losses import LOG_RATIO_CLAMP, kl_loss, ppo_clip_loss
-from mercury_jax.train.config_defaults import setting
 from mercury_jax.train.microbatch import MaskTotals, map_rows, token_share
 from mercury_jax.train.state import make_update_step
 from models.qwen35_moe.logprobs import sequence_logprobs

@@ -19,9 +19,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from mercury_jax.train.config_defaults import setting
-
-POLICIES = ("raise", "skip")
+from mercury_jax.config.defaults import setting
+from mercury_jax.config.validate import nonfinite_problem
 
 
 class NonFiniteError(FloatingPointError):
@@ -47,11 +46,9 @@ def keep_if_finite(finite, new, old):
 class NonFiniteGuard:
     """The host-side policy over the steps' `finite` metric; `skipped` counts the skipped steps of the run."""
     def __init__(self, policy: str = "raise", max_skipped: int = 0, *, name: str = "train", skipped: int = 0):
-        if policy not in POLICIES:
-            raise ValueError(f"train.nonfinite is {policy!r}; use one of {POLICIES} ('raise' stops at the first "
-                             f"non-finite step, 'skip' skips up to train.max_skipped of them)")
-        if max_skipped < 0:
-            raise ValueError(f"train.max_skipped is {max_skipped}; use a count >= 0")
+        problem = nonfinite_problem(policy, max_skipped)
+        if problem:
+            raise ValueError(problem)
         self.policy, self.max_skipped, self.name, self.skipped = policy, max_skipped, name, skipped
 
     @classmethod

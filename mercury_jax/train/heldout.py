@@ -9,9 +9,9 @@ import json
 import numpy as np
 
 from mercury_jax.evaluation import heldout_summary
+from mercury_jax.runs.rundir import StageDir, write_text
 from mercury_jax.train.episode_metrics import trajectory_metrics
 from mercury_jax.train.metrics import plot_evaluations
-from mercury_jax.train.rundir import StageDir, write_text
 
 
 class HeldOut:

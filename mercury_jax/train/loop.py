@@ -21,12 +21,12 @@ import time
 from typing import Any, Protocol
 
 from mercury_jax.parallel.distributed import is_primary
-from mercury_jax.train import preemption
-from mercury_jax.train.checkpoints import Checkpointer, checkpoint_layout
+from mercury_jax.runs import preemption
+from mercury_jax.runs.checkpoints import Checkpointer, checkpoint_layout
+from mercury_jax.runs.resume import read_jsonl, truncate_jsonl
+from mercury_jax.runs.rundir import StageDir, append_line, is_local, write_text
 from mercury_jax.train.guards import NonFiniteGuard
 from mercury_jax.train.metrics import MetricsLogger
-from mercury_jax.train.resume import read_jsonl, truncate_jsonl
-from mercury_jax.train.rundir import StageDir, append_line, is_local, write_text
 
 
 @dataclasses.dataclass

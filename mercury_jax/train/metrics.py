@@ -12,8 +12,8 @@ import time
 import numpy as np
 
 from mercury_jax.parallel.distributed import is_primary
-from mercury_jax.train.resume import read_jsonl, write_jsonl
-from mercury_jax.train.rundir import StageDir, append_line, as_path
+from mercury_jax.runs.resume import read_jsonl, write_jsonl
+from mercury_jax.runs.rundir import StageDir, append_line, as_path
 
 
 class MetricsLogger:

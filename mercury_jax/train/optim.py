@@ -8,7 +8,7 @@ from __future__ import annotations
 import ml_collections
 import optax
 
-from mercury_jax.train.config_defaults import setting
+from mercury_jax.config.defaults import setting
 
 
 def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:

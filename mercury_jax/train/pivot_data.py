@@ -18,15 +18,14 @@ import os
 from collections.abc import Mapping, Sequence
 
 from mercury_jax.chat import parse_assistant
+from mercury_jax.config.grpo_rules import PIVOT_SOURCES
 from mercury_jax.envs.browse.pivots import extract_pivots, write_pivots
 from mercury_jax.envs.episode import oracle_trajectory
 from mercury_jax.parallel.distributed import barrier, is_primary
 from mercury_jax.rollout.messages import trajectory_from_messages
 from mercury_jax.rollout.trajectory import Trajectory
-from mercury_jax.train.rundir import as_path
+from mercury_jax.runs.rundir import as_path
 from mercury_jax.train.setup import tool_schemas
-
-SOURCES = ("policy", "oracle")
 
 
 def build_pivots(tasks: Sequence[Mapping], path: str | os.PathLike, *, source: str,
@@ -41,8 +40,8 @@ def build_pivots(tasks: Sequence[Mapping], path: str | os.PathLike, *, source: s
     seed, and for the oracle its options.
     """
 
-    if source not in SOURCES:
-        raise ValueError(f"pivot source {source!r} is not one of {SOURCES}")
+    if source not in PIVOT_SOURCES:
+        raise ValueError(f"pivot source {source!r} is not one of {PIVOT_SOURCES}")
     if source == "oracle":
         chats = [oracle_trajectory(task, **dict(oracle_options or {})) for task in tasks]
     else:

@@ -23,35 +23,19 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from mercury_jax.parallel import make_mesh, mesh_axis_sizes, shard_params
+from mercury_jax.config.defaults import setting
+from mercury_jax.config.roles import (
+    DEVICE_GROUP_OF,
+    DEVICE_LAYOUTS,
+    GROUP_ORDER,
+    ROW_AXES,
+    SEQUENCE_AXIS,
+    role_mesh_sizes,
+)
+from mercury_jax.parallel import make_mesh, shard_params
 from mercury_jax.parallel.distributed import from_host
-from mercury_jax.train.config_defaults import setting
 from mercury_jax.train.optim import make_optimizer
 from mercury_jax.train.state import TrainState
-
-ROW_AXES = ("data", "fsdp", "expert")
-SEQUENCE_AXIS = "sequence"  # a row's positions (models/qwen35_moe/row_split.py)
-GROUP_ORDER = ("rollout", "actor", "critic")  # the device groups' order on the device list (a ConfigDict sorts keys)
-DEVICE_GROUP_OF = {"reference": "actor"}  # a role without a device group of its own shares this one's devices
-DEVICE_LAYOUTS = ("consecutive", "per_process")  # how the groups take devices (config.device_layout)
-
-
-def role_devices(config, role: str) -> int:
-    """The number of devices of `role` (every group 0: 1, the shared default device)."""
-    groups = dict(config.devices)
-    return groups[DEVICE_GROUP_OF.get(role, role)] if any(groups.values()) else 1
-
-
-def role_mesh_sizes(config, role: str, num_devices: int | None = None) -> dict[str, int]:
-    """The axis sizes of `role`'s mesh (`config.mesh.<role>`; a role without an entry, e.g. the rollout side: fsdp
-    over its group); ValueError naming the role, its shape and its device count when they do not fit."""
-    num_devices = role_devices(config, role) if num_devices is None else num_devices
-    shape = dict(config.mesh[role]) if "mesh" in config and role in config.mesh else {"fsdp": -1}
-    try:
-        return mesh_axis_sizes(shape, num_devices)
-    except ValueError as error:
-        raise ValueError(f"mesh.{role} {shape} does not fit the {role} role's {num_devices} device(s) ({error}); "
-                         f"make the axis sizes multiply to {num_devices}, or set one of them to -1") from None
 
 
 def role_meshes(config, roles: Iterable[str], devices=None) -> dict:
@@ -104,12 +88,6 @@ def _per_process_groups(sizes: dict[str, int], devices: list) -> dict[str, list]
             groups[name] += local[start:start + share]
             start += share
     return groups
-
-
-def row_shards(sizes: Mapping[str, int]) -> int:
-    """How many ways a batch's rows are split on a mesh of axis `sizes` (`mesh.shape`): the product of `ROW_AXES`."""
-    return int(np.prod([sizes[axis] for axis in ROW_AXES]))
-
 
 def onto_mesh(tree, mesh):
     """Leaves not placed on `mesh` by name (tx.init's step counts) replicated over it; the rest untouched."""

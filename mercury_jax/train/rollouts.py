@@ -42,8 +42,8 @@ from mercury_jax.rollout.settings import EngineSettings, EpisodeSettings
 from mercury_jax.rollout.sharded_runner import ShardedRunner
 from mercury_jax.rollout.trajectory import Trajectory
 from mercury_jax.rollout.worker import RolloutWorker
+from mercury_jax.runs.checkpoints import Checkpointer
 from mercury_jax.train.async_batches import AsyncBatches
-from mercury_jax.train.checkpoints import Checkpointer
 from mercury_jax.train.placement import device_copy
 
 

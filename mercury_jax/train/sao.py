@@ -27,6 +27,8 @@ import numpy as np
 from mercury_jax.data.task_order import TaskOrder
 from mercury_jax.parallel.distributed import fetch
 from mercury_jax.rollout.trajectory import batch_trajectories, padded_length
+from mercury_jax.runs.run_reader import eval_seed
+from mercury_jax.runs.rundir import RunDir, StageDir, append_line
 from mercury_jax.train import setup
 from mercury_jax.train.episode_metrics import barrier_wait, length_spread, trajectory_metrics
 from mercury_jax.train.heldout import HeldOut
@@ -34,8 +36,6 @@ from mercury_jax.train.loop import Cadence, StepResult, run_loop
 from mercury_jax.train.packing import pack_batch, rows_used
 from mercury_jax.train.placement import batch_to_mesh, role_meshes, state_on_mesh, step_shardings
 from mercury_jax.train.rollouts import Rollouts, Seams
-from mercury_jax.train.run_reader import eval_seed
-from mercury_jax.train.rundir import RunDir, StageDir, append_line
 from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step
 from mercury_jax.train.warm_start import starting_policy
 from models.qwen35_moe.critic import Qwen35MoeCritic, critic_trainable
@@ -159,4 +159,4 @@ class Sao:
         self.heldout.finish(evaluations, self.final_label)
 
 
-run = run_sao  # the pipeline's entry (train/pipelines.py)
+run = run_sao  # the pipeline's entry (config/registry.py)

@@ -21,10 +21,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mercury_jax.config.defaults import setting
 from mercury_jax.parallel import with_mesh_context
 from mercury_jax.rl.advantages import length_adaptive_lambda, masked_whiten, skip_observation_gae
 from mercury_jax.rl.losses import dis_policy_loss, ppo_clip_loss, value_loss
-from mercury_jax.train.config_defaults import setting
 from mercury_jax.train.microbatch import MaskTotals, map_rows, token_share
 from mercury_jax.train.state import make_update_step
 from models.qwen35_moe.logprobs import sequence_logprobs

@@ -6,24 +6,20 @@ import os
 from pathlib import Path
 
 import grain
-import jax.numpy as jnp
 import ml_collections
-from flax import nnx
 
 from mercury_jax.chat import qwen35_tokenizer, train_sentencepiece_tokenizer
+from mercury_jax.config.defaults import setting
+from mercury_jax.config.roles import rollout_layout
 from mercury_jax.envs.behaviour import BehaviourConfig
 from mercury_jax.envs.episode import make_episode, oracle_trajectory
 from mercury_jax.envs.generate import TaskSource
 from mercury_jax.envs.presets import preset_tasks
-from mercury_jax.parallel import init_sharded
 from mercury_jax.rollout.engine import Engine
 from mercury_jax.rollout.layout import replica_meshes
 from mercury_jax.rollout.rewards import EffectsReward, Reward
 from mercury_jax.rollout.settings import Budgets, EngineSettings, EpisodeSettings, SamplingParams
-from mercury_jax.train.config_defaults import setting
-from mercury_jax.train.rundir import RunDir
-from models.qwen35_moe import Qwen35MoeForCausalLM, load_hf
-from models.qwen35_moe.config import PRESETS
+from mercury_jax.runs.rundir import RunDir
 
 
 def world_tasks(world: ml_collections.ConfigDict, split: str) -> list[dict]:
@@ -81,47 +77,6 @@ def build_tokenizer(cfg: ml_collections.ConfigDict, workdir: str | os.PathLike |
         return tokenizer
     raise ValueError(f"tokenizer.kind {cfg.kind!r} is not 'qwen35' or 'sentencepiece'")
 
-
-RUNTIME_FIELDS = ("dtype", "remat_policy", "moe_impl", "moe_ep_round_factor", "attention_impl", "gdn_impl")
-
-
-def model_runtime(cfg: ml_collections.ConfigDict) -> dict:
-    """The model config fields a run sets (`RUNTIME_FIELDS`: compute dtype and implementations) from its `model`
-    section; a field the section lacks (an older run's config.json) keeps the model's default."""
-    return {name: cfg[name] for name in RUNTIME_FIELDS if name in cfg}
-
-
-def preset_config(cfg: ml_collections.ConfigDict, vocab_size: int, preset: str = ""):
-    """The model config of a run built from a preset (`cfg.preset`, or `preset` for shapes alone) with the run's
-    runtime fields; the `tiny` preset takes `cfg.overrides` and the tokenizer's vocabulary rounded up to 64."""
-    name = preset or cfg.preset
-    if name not in PRESETS:
-        raise ValueError(f"model.preset {name!r} is not one of {sorted(PRESETS)}")
-    runtime = model_runtime(cfg)
-    if name == "tiny":
-        return PRESETS["tiny"](vocab_size=-(-vocab_size // 64) * 64, **runtime, **cfg.overrides.to_dict())
-    return PRESETS[name](**runtime)
-
-
-def build_model(cfg: ml_collections.ConfigDict, vocab_size: int, seed: int, *, mesh=None) -> Qwen35MoeForCausalLM:
-    """From an HF checkpoint (`hf_path`) or from scratch (`preset` + `overrides`), fp32 master weights. With a
-    `mesh`, created straight into its sharding there: a checkpoint tensor by tensor (`load_hf(mesh=)`), a preset
-    by abstract shapes and a sharded jitted init (`parallel.init_sharded`: an eager init's values to an fp32 ulp;
-    a one-device mesh keeps the eager init, so the tiny demos reproduce their recorded runs bit for bit)."""
-    if cfg.hf_path:
-        if not Path(cfg.hf_path).exists():
-            raise FileNotFoundError(f"model.hf_path {cfg.hf_path} does not exist; point it at an HF checkpoint "
-                                    f"directory or set model.hf_path='' and model.preset='tiny'")
-        runtime = model_runtime(cfg)
-        return load_hf(cfg.hf_path, dtype=jnp.float32, compute_dtype=runtime.pop("dtype"), mesh=mesh, **runtime)
-    model_cfg = preset_config(cfg, vocab_size)
-    def make():
-        return Qwen35MoeForCausalLM(model_cfg, rngs=nnx.Rngs(seed))
-    if mesh is None or mesh.size == 1:  # one device holds it whole anyway: the eager init's exact values
-        return make()
-    return init_sharded(make, mesh)
-
-
 def rollout_budgets(rollout: ml_collections.ConfigDict) -> Budgets:
     """The episode budgets of a config's `rollout` section."""
     return Budgets(max_tool_turns=rollout.max_tool_turns, max_total_tokens=rollout.max_total_tokens,
@@ -146,13 +101,6 @@ def engine_settings(config: ml_collections.ConfigDict, mesh, make_engine=Engine)
     return EngineSettings(num_slots=rollout.num_slots, max_length=rollout.max_total_tokens, devices=devices,
                           replicas=replica_meshes(devices, replica) if replica else None, param_dtype=param_dtype,
                           make_engine=make_engine)
-
-
-def rollout_layout(rollout: ml_collections.ConfigDict | None) -> tuple[dict, str | None]:
-    """(one replica's mesh shape, {} for a single engine; the rollout weights' dtype, None for the learner's) of a
-    config's `rollout` section (None: no section)."""
-    return dict(setting(rollout, "replica") or {}), setting(rollout, "param_dtype") or None
-
 
 def episode_reward(config: ml_collections.ConfigDict) -> EffectsReward:
     """The enterprise episodes' reward: effects fraction x the behaviour multiplier of `config.behaviour`."""

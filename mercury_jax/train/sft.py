@@ -16,10 +16,10 @@ import os
 import ml_collections
 
 from mercury_jax.parallel.distributed import fetch
+from mercury_jax.runs.rundir import StageDir, append_line, as_path
 from mercury_jax.train.loop import Cadence, StepResult, run_loop
 from mercury_jax.train.optim import make_optimizer
 from mercury_jax.train.placement import state_on_mesh, step_shardings
-from mercury_jax.train.rundir import StageDir, append_line, as_path
 from mercury_jax.train.sft_data import SftData
 from mercury_jax.train.sft_learner import make_sft_step
 from mercury_jax.train.state import TrainState

@@ -15,11 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from mercury_jax.config.defaults import setting
+from mercury_jax.config.roles import ROW_AXES
 from mercury_jax.data.row_stream import RowStream
 from mercury_jax.data.sft_rows import RowSpec, shard_rows
 from mercury_jax.parallel.distributed import all_gather_objects
-from mercury_jax.train.config_defaults import setting
-from mercury_jax.train.placement import ROW_AXES
 
 ARRAY_KEYS = {"tokens": np.int32, "loss_mask": np.float32, "segment_ids": np.int32}  # a row's arrays
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from mercury_jax.train.config_defaults import setting
+from mercury_jax.config.defaults import setting
 from mercury_jax.train.microbatch import MaskTotals
 from mercury_jax.train.state import make_update_step
 from models.qwen35_moe.logprobs import sequence_logprobs

@@ -9,12 +9,13 @@ import os
 import ml_collections
 
 from mercury_jax.chat import render
+from mercury_jax.config.defaults import setting
+from mercury_jax.config.model import build_model
 from mercury_jax.data.chat_records import BadRecord, parse_record
 from mercury_jax.data.corpus import InMemoryCorpus, chat_corpus
+from mercury_jax.runs.rundir import RunDir, write_text
 from mercury_jax.train import setup
-from mercury_jax.train.config_defaults import setting
 from mercury_jax.train.placement import role_meshes
-from mercury_jax.train.rundir import RunDir, write_text
 from mercury_jax.train.sft import run_sft
 
 TOKENIZER_SAMPLE = 512  # records of a user corpus a SentencePiece tokenizer is trained on
@@ -57,7 +58,7 @@ def run_sft_pipeline(config: ml_collections.ConfigDict, workdir: str | os.PathLi
     run = workdir if isinstance(workdir, RunDir) else RunDir(workdir)
     tokenizer, corpus = prepare_sft_data(config, run)
     mesh = role_meshes(config, ("actor",))["actor"] if "devices" in config else None
-    model = setup.build_model(config.model, tokenizer.vocab_size, config.seed, mesh=mesh)
+    model = build_model(config.model, tokenizer.vocab_size, config.seed, mesh=mesh)
     model, history = run_sft(config.sft, model, corpus, run.stage("sft").path, tokenizer=tokenizer,
                              seed=config.seed, checkpoint_cfg=config.sft.get("checkpoint") or config.checkpoint,
                              train_cfg=config.get("train"), mesh=mesh)
@@ -76,7 +77,7 @@ def starting_policy(config: ml_collections.ConfigDict, run: RunDir, *, mesh=None
         tokenizer, _ = prepare_sft_data(config, run)
     else:
         tokenizer = setup.build_tokenizer(config.tokenizer, run, [])
-    return setup.build_model(config.model, tokenizer.vocab_size, config.seed, mesh=mesh), tokenizer
+    return build_model(config.model, tokenizer.vocab_size, config.seed, mesh=mesh), tokenizer
 
 
 def starting_policy_name(config: ml_collections.ConfigDict) -> str:
@@ -86,4 +87,4 @@ def starting_policy_name(config: ml_collections.ConfigDict) -> str:
     return config.model.hf_path or f"{config.model.preset} preset, untrained (seed {config.seed})"
 
 
-run = run_sft_pipeline  # the pipeline's entry (train/pipelines.py)
+run = run_sft_pipeline  # the pipeline's entry (config/registry.py)

@@ -3,7 +3,7 @@
 An `ArraySource` is `read(name, index, dtype) -> np.ndarray`: our parameter `name` (its path from the model root as
 strings, ("model", "blocks", "layers", "0", "mixer", "q_proj")), row `index` of its leading axis when the
 parameter is a scanned stack ([n_blocks, ...]; None: the whole array), as a host array cast to `dtype` (None: as
-stored). `model_arrays(model)` reads an in-memory model; `mercury_jax.train.checkpoint_tensors` reads an Orbax
+stored). `model_arrays(model)` reads an in-memory model; `mercury_jax.runs.checkpoint_tensors` reads an Orbax
 checkpoint. `hf_tensor_stream` asks the source for each array only when the HF tensor built from it is next, so a
 consumer that writes each tensor before taking the next holds about one layer's tensor at a time.
 

@@ -23,7 +23,7 @@ from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 
 from mercury_jax.parallel.distributed import local_meshes
 from mercury_jax.parallel.sharding import variable_sharding
-from mercury_jax.train.run_reader import RunReader
+from mercury_jax.runs.run_reader import RunReader
 
 REPLICA = "replica"  # the union mesh's leading axis
 

@@ -1,15 +1,15 @@
 """SAO's config rules (registered in `pipelines.py`; `validate.py` runs them after the common checks)."""
 from __future__ import annotations
 
-from mercury_jax.train.config_defaults import setting
-from mercury_jax.train.sao_learner import POLICY_LOSSES
-from mercury_jax.train.validate import ConfigError, check_choice, check_micro_batches, role_row_shards
+from mercury_jax.config.defaults import setting
+from mercury_jax.config.validate import ConfigError, check_choice, check_micro_batches, role_row_shards
+from mercury_jax.rl.losses import POLICY_LOSS_NAMES
 
 
 def check_config(config) -> None:
     """SAO's rules: a known policy loss; each learner mesh splits `sao.batch_prompts` into whole rows and
     micro-batches."""
-    check_choice("sao.policy_loss", setting(config.sao, "policy_loss"), POLICY_LOSSES)
+    check_choice("sao.policy_loss", setting(config.sao, "policy_loss"), POLICY_LOSS_NAMES)
     for name in ("actor", "critic"):
         shards, sizes = role_row_shards(config, name)
         if config.sao.batch_prompts % shards:

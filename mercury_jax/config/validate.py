@@ -13,19 +13,30 @@ from pathlib import Path
 import jax
 import ml_collections
 
+from mercury_jax.config.defaults import setting
+from mercury_jax.config.model import model_runtime
+from mercury_jax.config.ranges import field_problem
+from mercury_jax.config.registry import PIPELINES
+from mercury_jax.config.roles import DEVICE_LAYOUTS, role_devices, role_mesh_sizes, rollout_layout, row_shards
 from mercury_jax.data.corpus import corpus_files
 from mercury_jax.parallel import MESH_AXES
-from mercury_jax.train.config_defaults import setting
-from mercury_jax.train.config_ranges import field_problem
-from mercury_jax.train.guards import NonFiniteGuard
-from mercury_jax.train.pipelines import PIPELINES
-from mercury_jax.train.placement import DEVICE_LAYOUTS, role_devices, role_mesh_sizes, row_shards
-from mercury_jax.train.setup import model_runtime, rollout_layout
 from models.qwen35_moe.config import ATTENTION_IMPLS, GDN_IMPLS, MOE_IMPLS, PRESETS, REMAT_POLICIES, field_problems
+
+NONFINITE_POLICIES = ("raise", "skip")  # train.nonfinite: stop at a non-finite update, or skip it (train/guards.py)
 
 
 class ConfigError(ValueError):
     pass
+
+
+def nonfinite_problem(policy, max_skipped) -> str:
+    """What is wrong with a `train` section's non-finite policy ("" when nothing)."""
+    if policy not in NONFINITE_POLICIES:
+        return (f"train.nonfinite is {policy!r}; use one of {NONFINITE_POLICIES} ('raise' stops at the first "
+                f"non-finite step, 'skip' skips up to train.max_skipped of them)")
+    if max_skipped < 0:
+        return f"train.max_skipped is {max_skipped}; use a count >= 0"
+    return ""
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
@@ -67,10 +78,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
             except FileNotFoundError as error:
                 raise ConfigError(str(error)) from None
     if "train" in config:
-        try:
-            NonFiniteGuard.from_config(config.train, name=pipeline)
-        except ValueError as error:
-            raise ConfigError(str(error)) from None
+        problem = nonfinite_problem(setting(config.train, "nonfinite"), setting(config.train, "max_skipped"))
+        if problem:
+            raise ConfigError(problem)
     PIPELINES[pipeline].check(config)  # the pipeline's own rules (its module's check_config)
 
 
@@ -110,7 +120,7 @@ def _validate_preset_model(model) -> None:
     if model.preset not in PRESETS:
         raise ConfigError(f"model.preset is {model.preset!r}; use one of {sorted(PRESETS)} (or set model.hf_path)")
     overrides = model.get("overrides") or ml_collections.ConfigDict()
-    if model.preset != "tiny":  # train/setup.py preset_config: only the tiny preset takes overrides
+    if model.preset != "tiny":  # config/model.py preset_config: only the tiny preset takes overrides
         overrides = ml_collections.ConfigDict()
     problems = field_problems(overrides)
     if problems:

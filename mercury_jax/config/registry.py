@@ -61,12 +61,13 @@ PIPELINES = {p.name: p for p in (
     Pipeline("sft", "mercury_jax.train.warm_start", ("seed", "model", "tokenizer", "world", "sft", "checkpoint"),
              policy_role=()),
     Pipeline("sao", "mercury_jax.train.sao", RL_SECTIONS + ("sao",), ("sao.batch_prompts",),
-             checks="mercury_jax.train.sao_checks"),
+             checks="mercury_jax.config.sao_rules"),
     Pipeline("grpo", "mercury_jax.train.grpo", RL_SECTIONS + ("oracle", "grpo"),
              ("oracle", "grpo.batch_states", "grpo.group_size", "grpo.pivots_path", "grpo.pivot_source",
-              "grpo.pivot_kinds", "grpo.pivot_tasks", "grpo.pivot_task_seed"), checks="mercury_jax.train.grpo_checks"),
+              "grpo.pivot_kinds", "grpo.pivot_tasks", "grpo.pivot_task_seed"), checks="mercury_jax.config.grpo_rules"),
     Pipeline("group_baseline", "mercury_jax.train.group_baseline", RL_SECTIONS + ("group_baseline",),
-             ("group_baseline.batch_prompts", "group_baseline.group_size"), checks="mercury_jax.train.group_baseline"),
+             ("group_baseline.batch_prompts", "group_baseline.group_size"),
+             checks="mercury_jax.config.group_baseline_rules"),
 )}
 STAGES = tuple(PIPELINES)  # every pipeline's stage folder; "sft" is also the RL pipelines' warm start
 

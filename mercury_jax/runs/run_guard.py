@@ -23,9 +23,9 @@ import traceback
 import jax
 
 from mercury_jax.parallel import distributed, peer_watch
-from mercury_jax.train import workdir_lock
-from mercury_jax.train.preemption import Preempted
-from mercury_jax.train.rundir import RunDir
+from mercury_jax.runs import workdir_lock
+from mercury_jax.runs.preemption import Preempted
+from mercury_jax.runs.rundir import RunDir
 
 
 @contextlib.contextmanager

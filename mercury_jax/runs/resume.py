@@ -17,9 +17,9 @@ import json
 import os
 import warnings
 
-from mercury_jax.train.config_defaults import DEFAULTS
-from mercury_jax.train.pipelines import COMMON_RESUME_FIELDS, PIPELINES
-from mercury_jax.train.rundir import RunDir, as_path, write_atomically
+from mercury_jax.config.defaults import DEFAULTS
+from mercury_jax.config.registry import COMMON_RESUME_FIELDS, PIPELINES
+from mercury_jax.runs.rundir import RunDir, as_path, write_atomically
 
 
 def resume_fields(*pipeline_names: str) -> tuple[str, ...]:

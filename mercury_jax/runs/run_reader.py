@@ -29,11 +29,11 @@ from etils import epath
 from flax import nnx
 
 from mercury_jax.chat import SentencePieceTokenizer, qwen35_tokenizer
-from mercury_jax.train.checkpoint_faults import describe, named_file
-from mercury_jax.train.checkpoint_roles import ROLE_ITEM_PREFIX
-from mercury_jax.train.pipelines import PIPELINES, STAGES
-from mercury_jax.train.rundir import RunDir, checkpoint_steps
-from mercury_jax.train.setup import build_model, model_runtime
+from mercury_jax.runs.checkpoint_faults import describe, named_file
+from mercury_jax.runs.checkpoint_roles import ROLE_ITEM_PREFIX
+from mercury_jax.config.registry import PIPELINES, STAGES
+from mercury_jax.runs.rundir import RunDir, checkpoint_steps
+from mercury_jax.config.model import build_model, model_runtime
 from models.qwen35_moe import Qwen35MoeConfig, Qwen35MoeForCausalLM
 
 EVAL_SEED_OFFSET = 1_000_003  # held-out episodes sample from config.seed + this (SAO's evaluations, the sweep)
@@ -85,7 +85,7 @@ class RunReader:
             if not self.run.config.exists():
                 raise RunReadError(
                     f"{os.fspath(self.run.config)} does not exist: runs started by `python -m mercury_jax.main` write "
-                    f"it; for an older run write it with mercury_jax.train.run_reader.save_run_config(config, "
+                    f"it; for an older run write it with mercury_jax.runs.run_reader.save_run_config(config, "
                     f"{os.fspath(self.root)!r}) using the run's experiment config and overrides")
             self._config = self.run.read_config()
         return self._config
@@ -169,7 +169,7 @@ class RunReader:
 
     # ------------------------------------------------------------------------------------------------ the model
     def abstract_policy(self) -> Qwen35MoeForCausalLM:
-        """The run's policy with abstract (shape-only) parameters, built as `setup.build_model` builds it."""
+        """The run's policy with abstract (shape-only) parameters, built as `config.model.build_model` builds it."""
         model_cfg = self.config.model
         if model_cfg.hf_path:  # the structure comes from the HF config; the weights come from our checkpoint
             config_file = Path(model_cfg.hf_path) / "config.json"

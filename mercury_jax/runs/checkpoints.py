@@ -33,8 +33,8 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from mercury_jax.parallel.distributed import fetch, from_host
-from mercury_jax.train import preemption
-from mercury_jax.train.checkpoint_faults import (
+from mercury_jax.runs import preemption
+from mercury_jax.runs.checkpoint_faults import (
     FIXES,
     CheckpointRestoreError,
     CheckpointSaveError,
@@ -45,7 +45,7 @@ from mercury_jax.train.checkpoint_faults import (
     summarise_orbax_tracebacks,
     unreadable_reason,
 )
-from mercury_jax.train.checkpoint_roles import (
+from mercury_jax.runs.checkpoint_roles import (
     ROLE_ITEM_PREFIX,
     CheckpointLayout,
     checkpoint_layout,
@@ -54,7 +54,7 @@ from mercury_jax.train.checkpoint_roles import (
     role_item_handler,
     save_args,
 )
-from mercury_jax.train.rundir import RunDir
+from mercury_jax.runs.rundir import RunDir
 
 
 class DataLayoutChanged(ValueError):

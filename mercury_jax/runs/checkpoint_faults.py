@@ -19,7 +19,7 @@ import re
 
 from etils import epath
 
-from mercury_jax.train.checkpoint_roles import is_arrays_item
+from mercury_jax.runs.checkpoint_roles import is_arrays_item
 
 _SPEC = re.compile(r" \[(tensorstore_spec|source_locations)=.*$")
 _OS_ERROR_CODE = re.compile(r"\[os_error_code='?(\d+)'?\]")

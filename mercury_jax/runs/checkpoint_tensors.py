@@ -23,7 +23,7 @@ import tensorstore as ts
 from etils import epath
 from flax import nnx
 
-from mercury_jax.train.run_reader import (
+from mercury_jax.runs.run_reader import (
     PolicyItem,
     RunReader,
     RunReadError,

@@ -13,7 +13,7 @@ from importlib import metadata
 import jax
 from etils import epath
 
-from mercury_jax.train.rundir import RunDir, write_atomically
+from mercury_jax.runs.rundir import RunDir, write_atomically
 
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml_dtypes", "sentencepiece", "tiktoken",
             "mcp", "bm25s", "grain", "ml-collections", "safetensors")

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mercury_jax.config.defaults import setting
+from mercury_jax.config.validate import ConfigError, check_micro_batches, role_row_shards
 from mercury_jax.envs.browse.stop_verifier import STOP_RULES
 from mercury_jax.rl.aggregation import LOSS_AGG_MODES
-from mercury_jax.train.config_defaults import setting
-from mercury_jax.train.pivot_data import SOURCES
-from mercury_jax.train.validate import ConfigError, check_micro_batches, role_row_shards
+
+PIVOT_SOURCES = ("policy", "oracle")  # grpo.pivot_source: the warm-started policy's episodes, or the oracle's
+
+
 
 
 def check_config(config) -> None:
@@ -40,8 +43,8 @@ def check_config(config) -> None:
         raise ConfigError(f"grpo.kl_estimator {g.kl_estimator!r} is not one of k1, k2, k3")
     if g.loss_agg not in LOSS_AGG_MODES:
         raise ConfigError(f"grpo.loss_agg {g.loss_agg!r} is not one of {LOSS_AGG_MODES}")
-    if g.pivot_source not in SOURCES:
-        raise ConfigError(f"grpo.pivot_source {g.pivot_source!r} is not one of {SOURCES}")
+    if g.pivot_source not in PIVOT_SOURCES:
+        raise ConfigError(f"grpo.pivot_source {g.pivot_source!r} is not one of {PIVOT_SOURCES}")
     unknown = set(g.stop_rules) - set(STOP_RULES)
     if unknown:
         raise ConfigError(f"grpo.stop_rules has unknown outcomes {sorted(unknown)}; known: {sorted(STOP_RULES)}")

@@ -4,7 +4,7 @@
     WORKDIR/environment.json         Python, backend and package versions of every start
     WORKDIR/tokenizer/               the SentencePiece model a tiny run trains (Qwen3.5 runs ship none)
     WORKDIR/sft_summary.json         the warm start's final loss
-    WORKDIR/STAGE/checkpoints/STEP   Orbax checkpoints of a stage (a pipeline's name: train/pipelines.py)
+    WORKDIR/STAGE/checkpoints/STEP   Orbax checkpoints of a stage (a pipeline's name: config/registry.py)
     WORKDIR/STAGE/STAGE_metrics.jsonl  one line per logged step; STAGE_curves.png its plot
     WORKDIR/STAGE/tensorboard/STAGE  TensorBoard scalars (local run directories only)
     WORKDIR/sao/evals.jsonl          held-out evaluations (eval_summary.json, sao_heldout.png)
@@ -27,8 +27,8 @@ import ml_collections
 from etils import epath
 
 from mercury_jax.parallel.distributed import is_primary
-from mercury_jax.train.checkpoint_roles import is_arrays_item
-from mercury_jax.train.pipelines import STAGES
+from mercury_jax.runs.checkpoint_roles import is_arrays_item
+from mercury_jax.config.registry import STAGES
 
 
 def checkpoint_steps(checkpoint_dir: str | os.PathLike) -> list[int]:

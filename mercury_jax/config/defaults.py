@@ -33,5 +33,5 @@ def setting(section, name: str):
     if section is not None and name in section:
         return section[name]
     if name not in DEFAULTS:
-        raise KeyError(f"config field {name!r} is missing and has no default in train/config_defaults.py")
+        raise KeyError(f"config field {name!r} is missing and has no default in config/defaults.py")
     return DEFAULTS[name]

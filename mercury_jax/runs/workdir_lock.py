@@ -31,7 +31,7 @@ import uuid
 
 from etils import epath
 
-from mercury_jax.train.rundir import is_local
+from mercury_jax.runs.rundir import is_local
 
 LOCK_NAME = "run.lock"
 REFRESH_S = 30.0
