@@ -66,16 +66,37 @@ def test_every_peer_beating_is_alive_and_a_silent_one_is_named_after_the_bound()
 
 
 def test_a_peer_that_finished_is_not_lost_but_one_that_failed_is_at_once():
+    """Planted bug: `continue  # it ended and said so` -> `pass` in PeerWatch._silent_peer (a finished peer judged by
+    its silence)."""
     store, clock, (w0, w1, w2) = watches()
     for w in (w0, w1, w2):
         w.beat()
     w2.stop("finished")
+    w0.beat(), w1.beat()  # process 2's last counter, seen now
     clock.now += 60.0
     w0.beat(), w1.beat()
-    assert w0.lost(clock.now) is None  # finished long ago and silent since: by design
+    for w in (w0, w1):
+        assert clock.now - w.beats[2][1] == 60.0 > w.timeout_s  # it really looks silent
+        assert w.exits[2] == "finished" and w.lost(clock.now) is None
     w1.stop("failed: ValueError: bad batch")
     w0.beat()
     assert w0.lost(clock.now) == "process 1 stopped (failed: ValueError: bad batch)"
+
+
+def test_the_survivor_of_a_finished_peer_goes_on_past_the_timeout():
+    """Process 0's judge thread runs for five timeouts after process 1 finished, silent since, and does not stop (its
+    only peer is the finished one, so no other silence can stop it under load). Planted bug:
+    `continue  # it ended and said so` -> `pass` in PeerWatch._silent_peer."""
+    store, exits, timeout_s = FakeStore(), [], 0.3
+    finished = PeerWatch(store, 1, 2, timeout_s=timeout_s)
+    finished.beat()
+    finished.stop("finished")
+    survivor = PeerWatch(store, 0, 2, timeout_s=timeout_s, interval_s=0.05, exit_process=exits.append).start()
+    time.sleep(5 * timeout_s)
+    silent_s, ended = time.monotonic() - survivor.beats[1][1], survivor.ended
+    survivor.stop("finished")
+    assert silent_s > timeout_s and survivor.exits == {1: "finished"}  # process 1 looked silent, and had finished
+    assert exits == [] and ended is None
 
 
 def test_a_dead_coordinator_is_named_by_the_other_processes():
