@@ -101,6 +101,152 @@ def test_each_bad_value_is_refused_naming_the_field(pod, name, variant, path, ba
     assert message.startswith(f"{path} is {bad!r}; expected ") and "\n" not in message, message
 
 
+# Every range bound of config/ranges.py FIELDS, written out by hand from what each field means (not read from the
+# table): path -> (values that must be refused, values that must be accepted). The accepted values sit on the
+# bound (a closed side) or just inside it (an open side); the refused ones on it (open) or just outside (closed).
+# `test_every_bound_of_the_table_has_a_hand_written_case` checks that each bounded row of the table has one.
+BOUND_CASES: dict[str, tuple[tuple, tuple]] = {
+    "seed": ((-1,), (0,)),
+    "world.train_seed": ((-1,), (0,)),
+    "world.eval_seed": ((-1,), (0,)),
+    "world.num_train_tasks": ((0,), (1,)),
+    "world.num_eval_tasks": ((0,), (1,)),
+    "world.tasks_per_world": ((0,), (1,)),
+    "tokenizer.vocab_size": ((-1,), (0,)),
+    "train.max_skipped": ((-1,), (0,)),
+    "model.moe_ep_round_factor": ((0.0, -1.0), (1e-3,)),
+    "checkpoint.every": ((-1,), (0,)),
+    "sft.checkpoint.keep": ((0,), (1,)),
+    "devices.rollout": ((-1,), (0,)),
+    "mesh.actor.fsdp": ((0, -2), (1, -1)),
+    "rollout.replica.tensor": ((0,), (1,)),
+    "sft.steps": ((-1,), (0,)),
+    "sft.batch_rows": ((0,), (1,)),
+    "sft.row_length": ((1, 0), (2,)),
+    "sft.micro_batches": ((0,), (1,)),
+    "sft.data_workers": ((-1,), (0,)),
+    "sft.packing_bins": ((0,), (1,)),
+    "sft.log_every": ((0,), (1,)),
+    "sft.optimizer.lr": ((0.0, -1e-3), (1e-6,)),
+    "sft.optimizer.warmup_steps": ((-1,), (0,)),
+    "sao.actor_optimizer.b1": ((-1e-3, 1.0), (0.0, 0.999)),
+    "grpo.actor_optimizer.b2": ((-1e-3, 1.0), (0.0, 0.999)),
+    "sao.critic_optimizer.eps": ((0.0, -1e-8), (1e-9,)),
+    "sft.optimizer.weight_decay": ((-1e-3,), (0.0,)),
+    "grpo.actor_optimizer.grad_clip": ((-1e-3,), (0.0,)),
+    "sao.steps": ((-1,), (0,)),
+    "sao.batch_prompts": ((0,), (1,)),
+    "sao.critic_only_steps": ((-1,), (0,)),
+    "sao.critic_epochs": ((0,), (1,)),
+    "sao.alpha": ((0.0,), (1e-3,)),
+    "sao.gamma": ((-1e-3, 1.001), (0.0, 1.0)),
+    "sao.lam_critic": ((-1e-3, 1.001), (0.0, 1.0)),
+    "sao.eps_low": ((0.0, 1.0), (1e-3, 0.999)),
+    "sao.eps_high": ((0.0,), (1e-3,)),
+    "sao.value_clip": ((-1e-3,), (0.0,)),
+    "sao.max_staleness": ((-1,), (0,)),
+    "sao.actor_micro_batches": ((0,), (1,)),
+    "sao.critic_micro_batches": ((0,), (1,)),
+    "sao.eval_every": ((-1,), (0,)),
+    "sao.log_window": ((0,), (1,)),
+    "rollout.num_slots": ((0,), (1,)),
+    "rollout.temperature": ((-1e-3,), (0.0,)),
+    "rollout.top_p": ((0.0, 1.001), (1e-3, 1.0)),
+    "rollout.max_tool_turns": ((-1,), (0,)),
+    "rollout.max_total_tokens": ((0,), (1,)),
+    "rollout.max_turn_tokens": ((0,), (1,)),
+    "behaviour.runaway_strength": ((-1e-3, 1.001), (0.0, 1.0)),
+    "behaviour.repetition_threshold": ((-1e-3, 1.0), (0.0, 0.999)),
+    "behaviour.ngram": ((0,), (1,)),
+    "behaviour.min_ngrams": ((0,), (1,)),
+    "behaviour.runaway_chars": ((0,), (1,)),
+    "grpo.steps": ((-1,), (0,)),
+    "grpo.batch_states": ((0,), (1,)),
+    "grpo.group_size": ((1, 0), (2,)),
+    "grpo.eps": ((0.0, 1.0), (1e-3, 0.999)),
+    "grpo.eps_high": ((0.0,), (1e-3,)),
+    "grpo.kl_coef": ((-1e-3,), (0.0,)),
+    "grpo.ppo_epochs": ((0,), (1,)),
+    "grpo.minibatches": ((0,), (1,)),
+    "grpo.micro_batches": ((0,), (1,)),
+    "grpo.pivot_tasks": ((0,), (1,)),
+    "grpo.pivot_task_seed": ((-1,), (0,)),
+    "grpo.log_window": ((0,), (1,)),
+    "oracle.over_search_prob": ((-1e-3, 1.001), (0.0, 1.0)),
+    "oracle.over_search_max": ((0,), (1,)),
+}
+# What an accepted edge value needs of the rest of the tiny config (rules between fields, not ranges).
+EDGE_COMPANIONS = {("mesh.actor.fsdp", -1): {"mesh.actor.data": 1}}
+
+
+def tiny_with(path: str, value) -> ml_collections.ConfigDict:
+    """The `:tiny` config of the pipeline that reads `path` (sft, grpo or sao; else the first that has the field's
+    section) with `path` set to `value`."""
+    owner = "sft" if path.startswith("sft.") else "grpo" if path.startswith(("grpo.", "oracle.")) else "sao"
+    name = next(name for name in (owner, "sao", "grpo", "sft") if _has_section(EXPERIMENTS[name], path))
+    config = _with(EXPERIMENTS[name].get_config("tiny"), path, value)
+    for other, other_value in EDGE_COMPANIONS.get((path, value), {}).items():
+        config = _with(config, other, other_value)
+    return config
+
+
+def _has_section(experiment, path: str) -> bool:
+    """Whether the `:tiny` config of `experiment` has the section that holds `path`."""
+    node = experiment.get_config("tiny").to_dict()
+    for key in path.split(".")[:-1]:
+        if not isinstance(node, dict) or key not in node:
+            return False
+        node = node[key]
+    return isinstance(node, dict)
+
+
+def _sides(field) -> list[tuple[str, float, bool]]:
+    """(side, bound, open) of each bounded side of a table row."""
+    rule = field.rule
+    return [(side, bound, is_open) for side, bound, is_open in (("low", rule.low, rule.low_open),
+                                                                  ("high", rule.high, rule.high_open))
+            if bound is not None]
+
+
+def test_every_bound_of_the_table_has_a_hand_written_case():
+    """Each bounded side of each row of FIELDS is pinned by BOUND_CASES: on a closed side the bound is accepted and
+    the nearest value past it refused (an int: 1 past; a float: within 0.01); on an open side the bound is refused
+    and a value within 0.01 inside it accepted. A new bounded row without such a case fails here."""
+    missing = []
+    for field in FIELDS:
+        cases = [BOUND_CASES[path] for path in BOUND_CASES if rule_for(path) == field]
+        refused = [v for bad, _ in cases for v in bad]
+        accepted = [v for _, good in cases for v in good]
+        for side, bound, is_open in _sides(field):
+            outward = -1 if side == "low" else 1
+            near = 1 if field.rule.kind is int else 0.01
+            if is_open:
+                pinned = bound in refused and any(0 < (bound - v) * outward <= near for v in accepted)
+            else:
+                pinned = bound in accepted and any(0 < (v - bound) * outward <= near for v in refused)
+            if not pinned:
+                missing.append(f"{field.pattern} ({side} {bound})")
+    assert missing == []
+    assert all(rule_for(path) is not None for path in BOUND_CASES)
+
+
+@pytest.mark.parametrize("path, bad", [(path, bad) for path, (refused, _) in BOUND_CASES.items() for bad in refused])
+def test_each_hand_written_out_of_range_value_is_refused(path, bad):
+    """Planted bug: `Field("grpo.group_size", FieldRange(int, 2), ...)` -> `FieldRange(int, 1)` in config/ranges.py
+    (and any other bound moved outward)."""
+    with pytest.raises(ConfigError) as refused:
+        validate_config(tiny_with(path, bad))
+    assert str(refused.value).startswith(f"{path} is {bad!r}; expected "), str(refused.value)
+
+
+@pytest.mark.parametrize("path, good", [(path, good) for path, (_, accepted) in BOUND_CASES.items()
+                                        for good in accepted])
+def test_each_hand_written_edge_value_is_accepted(path, good):
+    """Planted bug: `Field("sft.row_length", FieldRange(int, 2), ...)` -> `FieldRange(int, 3)` in config/ranges.py
+    (and any other bound moved inward)."""
+    validate_config(tiny_with(path, good))
+
+
 @pytest.mark.parametrize("path, value, expected", [  # the values of issue #34 item 4, with the messages
     ("sao.batch_prompts", 0, "sao.batch_prompts is 0; expected a whole number >= 1: prompts a step, one rollout each"),
     ("sao.batch_prompts", -4, "sao.batch_prompts is -4; expected a whole number >= 1"),
