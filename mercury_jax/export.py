@@ -32,7 +32,7 @@ from pathlib import Path
 import jax.numpy as jnp
 
 from mercury_jax.chat import BUILTIN_CHAT_TEMPLATE
-from mercury_jax.config.registry import STAGES
+from mercury_jax.config.registry import stages
 from mercury_jax.runs.checkpoint_tensors import CheckpointTensors
 from mercury_jax.runs.run_reader import RunReader, RunReadError
 from models.qwen35_moe.hf import write_hf
@@ -84,7 +84,7 @@ def main(argv=None) -> None:
     parser.add_argument("--workdir", required=True, help="the run directory: a path, file:///abs/path or gs:// URI")
     parser.add_argument("--out", required=True, help="output directory of the HF checkpoint (local)")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
-    parser.add_argument("--stage", choices=STAGES, default=None, help="which policy (default: the run's pipeline)")
+    parser.add_argument("--stage", choices=stages(), default=None, help="which policy (default: the run's pipeline)")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--experts", choices=("fused", "unfused"), default="fused")
     args = parser.parse_args(argv)

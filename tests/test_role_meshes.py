@@ -1,8 +1,9 @@
-"""Role meshes and models born sharded (train/placement.py, config/roles.py, parallel/sharding.py): each learner role gets its own
-(data, fsdp, expert, tensor) mesh over its device group, a config that cannot be laid out fails validation naming
-the role, and the policy, the critic and the GRPO reference are created straight into their role's sharding with
-the values of an unsharded build: copies and casts exactly; a preset's jitted sharded init to 2 fp32 ulp (the same
-random bits, scaled inside one fused program instead of op by op; observed 1 ulp on ~27% of the lm head)."""
+"""Role meshes and models born sharded (train/placement.py, config/roles.py, parallel/sharding.py): each learner role
+gets its own (data, fsdp, expert, tensor) mesh over its device group, a config that cannot be laid out fails
+validation naming the role, and the policy, the critic and the GRPO reference are created straight into their role's
+sharding with the values of an unsharded build: copies and casts exactly; a preset's jitted sharded init to 2 fp32
+ulp (the same random bits, scaled inside one fused program instead of op by op; observed 1 ulp on ~27% of the lm
+head)."""
 from __future__ import annotations
 
 import jax

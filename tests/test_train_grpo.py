@@ -32,7 +32,8 @@ from mercury_jax.rollout.rewards import StopVerifierReward
 from mercury_jax.rollout.trajectory import Trajectory
 from mercury_jax.runs.run_reader import read_checkpoint_arrays, save_run_config
 from mercury_jax.runs.rundir import RunDir
-from mercury_jax.train.grpo import PivotGrpo, group_batch, grpo_cadence, minibatch_rows, outcome_metrics
+from mercury_jax.train.group_batch import group_batch
+from mercury_jax.train.grpo import PivotGrpo, grpo_cadence, minibatch_rows, outcome_metrics
 from mercury_jax.train.grpo_learner import (
     GrpoLossSettings,
     frozen_reference,
@@ -46,6 +47,7 @@ from mercury_jax.train.pivot_data import build_pivots, read_pivots, task_tool_sc
 from mercury_jax.train.rollouts import Seams
 from mercury_jax.train.state import TrainState
 from mercury_jax.train.warm_start import starting_policy
+from mercury_jax.train.wiring import Wiring
 from models.qwen35_moe.logprobs import sequence_logprobs
 
 STEPS, KILLED_AT = 2, 1
@@ -214,7 +216,7 @@ def run(config, workdir):
     save_run_config(config, workdir)
     run_dir = RunDir(workdir)
     model, tokenizer = starting_policy(config, run_dir)
-    grpo = PivotGrpo(config, model, tokenizer, run_dir.stage("grpo"), Seams(reward=synthetic_reward(tokenizer)))
+    grpo = PivotGrpo(Wiring(config, model, tokenizer, run_dir.stage("grpo"), Seams(reward=synthetic_reward(tokenizer))))
     reference_at_build = jax.device_get(nnx.to_pure_dict(grpo.reference_state))
     history = run_loop(grpo, run_dir.stage("grpo"), grpo_cadence(config), train_cfg=config.get("train"),
                        rollouts=grpo.rollouts)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mercury_jax.rollout.trajectory import Trajectory
-from mercury_jax.train.grpo import group_batch
+from mercury_jax.train.group_batch import group_batch
 
 PAD = 99  # not 0, so padding is told apart from a real token
 

@@ -32,6 +32,7 @@ from mercury_jax.runs.rundir import RunDir
 from mercury_jax.train import setup
 from mercury_jax.train.rollouts import Seams
 from mercury_jax.train.sao import Sao, run_sao
+from mercury_jax.train.wiring import Wiring
 
 pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")  # tests/conftest.py
 
@@ -208,8 +209,8 @@ def test_runners_take_the_behaviour_section_of_the_config(full_run, tmp_path):
     assert setup.behaviour(config) == expected
     # without an injected reward the trainer's train and held-out runners pay with the config's behaviour
     tokenizer = RunReader(full_run["workdir"]).tokenizer()
-    sao = Sao(config, build_model(config.model, tokenizer.vocab_size, 0), tokenizer,
-              RunDir(tmp_path).stage("sao"))
+    sao = Sao(Wiring(config, build_model(config.model, tokenizer.vocab_size, 0), tokenizer,
+                     RunDir(tmp_path).stage("sao")))
     assert sao.rollouts.runner.reward.behaviour == expected and sao.heldout.runner.reward.behaviour == expected
     del config.behaviour  # a run config written before the section existed
     assert setup.behaviour(config) == BehaviourConfig()

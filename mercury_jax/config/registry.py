@@ -34,6 +34,7 @@ class Pipeline:
     resume_fields: tuple[str, ...] = ()         # beyond COMMON_RESUME_FIELDS
     policy_role: tuple[str, ...] = ("actor",)   # the policy's subtree in a checkpoint: ROLE/params, ROLE/frozen
     checks: str = ""                            # a module defining check_config(config); "" for none
+    roles: tuple[str, ...] = ("actor",)         # the roles with a mesh each (config/roles.py, train/placement.py)
 
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
@@ -61,15 +62,28 @@ PIPELINES = {p.name: p for p in (
     Pipeline("sft", "mercury_jax.train.warm_start", ("seed", "model", "tokenizer", "world", "sft", "checkpoint"),
              policy_role=()),
     Pipeline("sao", "mercury_jax.train.sao", RL_SECTIONS + ("sao",), ("sao.batch_prompts",),
-             checks="mercury_jax.config.sao_rules"),
+             checks="mercury_jax.config.sao_rules", roles=("rollout", "actor", "critic")),
     Pipeline("grpo", "mercury_jax.train.grpo", RL_SECTIONS + ("oracle", "grpo"),
              ("oracle", "grpo.batch_states", "grpo.group_size", "grpo.pivots_path", "grpo.pivot_source",
-              "grpo.pivot_kinds", "grpo.pivot_tasks", "grpo.pivot_task_seed"), checks="mercury_jax.config.grpo_rules"),
+              "grpo.pivot_kinds", "grpo.pivot_tasks", "grpo.pivot_task_seed"), checks="mercury_jax.config.grpo_rules",
+             roles=("rollout", "actor", "reference")),
     Pipeline("group_baseline", "mercury_jax.train.group_baseline", RL_SECTIONS + ("group_baseline",),
              ("group_baseline.batch_prompts", "group_baseline.group_size"),
-             checks="mercury_jax.config.group_baseline_rules"),
+             checks="mercury_jax.config.group_baseline_rules", roles=("rollout", "actor")),
 )}
-STAGES = tuple(PIPELINES)  # every pipeline's stage folder; "sft" is also the RL pipelines' warm start
+
+
+def stages() -> tuple[str, ...]:
+    """Every registered pipeline's stage folder ("sft" is also the RL pipelines' warm start)."""
+    return tuple(PIPELINES)
+
+
+def register(entry: Pipeline) -> Pipeline:
+    """Add a pipeline (a fourth algorithm, a user's own) to the registry `main` runs from; its name must be new."""
+    if entry.name in PIPELINES:
+        raise ValueError(f"a pipeline named {entry.name!r} is already registered ({PIPELINES[entry.name].module})")
+    PIPELINES[entry.name] = entry
+    return entry
 
 
 def pipeline(name: str) -> Pipeline:

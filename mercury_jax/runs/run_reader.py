@@ -31,7 +31,7 @@ from flax import nnx
 from mercury_jax.chat import SentencePieceTokenizer, qwen35_tokenizer
 from mercury_jax.runs.checkpoint_faults import describe, named_file
 from mercury_jax.runs.checkpoint_roles import ROLE_ITEM_PREFIX
-from mercury_jax.config.registry import PIPELINES, STAGES
+from mercury_jax.config.registry import PIPELINES, stages
 from mercury_jax.runs.rundir import RunDir, checkpoint_steps
 from mercury_jax.config.model import build_model, model_runtime
 from models.qwen35_moe import Qwen35MoeConfig, Qwen35MoeForCausalLM
@@ -134,12 +134,12 @@ class RunReader:
     def resolve_step(self, stage: str | None, step: int | None) -> tuple[str, int]:
         """(stage, step): the run's pipeline and latest step unless named; errors list what the run has."""
         stage = stage or self.config.pipeline
-        if stage not in STAGES:
-            raise RunReadError(f"stage {stage!r} is not one of {STAGES}")
+        if stage not in stages():
+            raise RunReadError(f"stage {stage!r} is not one of {stages()}")
         steps = self.steps(stage)
         where = os.fspath(self.checkpoints(stage))
         if not steps:
-            others = {s: self.steps(s) for s in STAGES if s != stage}
+            others = {s: self.steps(s) for s in stages() if s != stage}
             hint = "; ".join(f"{s} has steps {v} (pass --stage {s})" for s, v in others.items() if v)
             raise RunReadError(f"no {stage} checkpoint in {where}" + (f"; {hint}" if hint else
                                "; the run has not saved one yet (checkpoint.every) or the workdir is wrong"))

@@ -28,7 +28,7 @@ from etils import epath
 
 from mercury_jax.parallel.distributed import is_primary
 from mercury_jax.runs.checkpoint_roles import is_arrays_item
-from mercury_jax.config.registry import STAGES
+from mercury_jax.config.registry import stages
 
 
 def checkpoint_steps(checkpoint_dir: str | os.PathLike) -> list[int]:
@@ -103,8 +103,8 @@ class RunDir:
         return self
 
     def stage(self, name: str) -> StageDir:
-        if name not in STAGES:
-            raise ValueError(f"stage {name!r} is not one of {STAGES}")
+        if name not in stages():
+            raise ValueError(f"stage {name!r} is not one of {stages()}")
         return StageDir(self.root / name, name)
 
     def write_config(self, config: ml_collections.ConfigDict) -> epath.Path:
@@ -120,7 +120,7 @@ class RunDir:
     def committed_checkpoints(self) -> dict[str, list[int]]:
         """The committed checkpoint steps (`checkpoint_steps`) of each stage that has any, from the files alone."""
         found = {}
-        for name in STAGES:
+        for name in stages():
             steps = checkpoint_steps(self.root / name / "checkpoints")
             if steps:
                 found[name] = steps

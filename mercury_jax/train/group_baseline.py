@@ -25,62 +25,44 @@ import ml_collections
 import numpy as np
 
 from mercury_jax.config.defaults import setting
-from mercury_jax.data.task_order import TaskOrder
 from mercury_jax.parallel.distributed import fetch
 from mercury_jax.rl.advantages import group_advantages
 from mercury_jax.rollout.trajectory import padded_length
-from mercury_jax.runs.run_reader import eval_seed
-from mercury_jax.runs.rundir import RunDir, StageDir
-from mercury_jax.train import setup
 from mercury_jax.train.episode_metrics import barrier_wait, length_spread, trajectory_metrics
-from mercury_jax.train.grpo import group_batch
-from mercury_jax.train.heldout import HeldOut
-from mercury_jax.train.loop import Cadence, StepResult, run_loop
+from mercury_jax.train.group_batch import group_batch
+from mercury_jax.train.loop import Cadence, StepResult
 from mercury_jax.train.packing import pack_batch, rows_used
-from mercury_jax.train.placement import batch_to_mesh, role_meshes, state_on_mesh, step_shardings
-from mercury_jax.train.rollouts import Rollouts, Seams
+from mercury_jax.train.placement import batch_to_mesh, step_shardings
+from mercury_jax.train.rollouts import Seams
 from mercury_jax.train.sao_learner import make_actor_step
-from mercury_jax.train.warm_start import starting_policy
-
-STAGE = "group_baseline"
+from mercury_jax.train.wiring import Wiring, run_pipeline
 
 
 def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike, seams: Seams = Seams()):
     """Warm start (when `sft.enabled`), then group-baseline RL; returns (actor model, metric history)."""
-    run_dir = RunDir(workdir)
-    meshes = role_meshes(config, ("rollout", "actor"))
-    model, tokenizer = starting_policy(config, run_dir, mesh=meshes["actor"])
-    algorithm = GroupBaseline(config, model, tokenizer, run_dir.stage(STAGE), seams, meshes=meshes)
     cfg = config.group_baseline
     cadence = Cadence.from_config(config.checkpoint, eval_every=cfg.eval_every, log_window=cfg.log_window)
-    history = run_loop(algorithm, run_dir.stage(STAGE), cadence, train_cfg=config.get("train"),
-                       rollouts=algorithm.rollouts, make_checkpointer=seams.make_checkpointer)
+    algorithm, history = run_pipeline(config, workdir, seams, GroupBaseline, cadence)
     return algorithm.actor.model(), history
 
 
-
-
 class GroupBaseline:
-    stage = STAGE
+    stage = "group_baseline"
     final_label = "after group-baseline RL"
     progress_keys = ("reward", "all_effects_pass", "truncation_rate", "zero_variance_fraction", "barrier_wait_s")
     plot_keys = ("reward", "all_effects_pass", "truncation_rate", "response_length", "zero_variance_fraction",
                  "dis_masked_fraction", "barrier_wait_s")
 
-    def __init__(self, config: ml_collections.ConfigDict, model, tokenizer, stage: StageDir, seams: Seams = Seams(),
-                 *, meshes: dict | None = None):
-        self.cfg, self.rcfg, self.tokenizer = config.group_baseline, config.rollout, tokenizer
-        self.steps = self.cfg.steps
-        self.meshes = meshes or role_meshes(config, ("rollout", "actor"))
-        self.actor = state_on_mesh(model, self.cfg.actor_optimizer, self.meshes["actor"])
+    def __init__(self, wiring: Wiring):
+        config = wiring.config
+        self.cfg, self.rcfg, self.tokenizer = config.group_baseline, config.rollout, wiring.tokenizer
+        self.steps, self.meshes = self.cfg.steps, wiring.meshes
+        self.actor = wiring.learner(wiring.model, self.cfg.actor_optimizer)
         self.actor_step = make_actor_step(self.actor.graphdef, self.actor.tx, self.cfg,
                                           state_shardings=step_shardings(self.actor))
-        tasks = seams.tasks or (lambda split: setup.world_tasks(config.world, split))
-        self.stream = TaskOrder(tasks("train"), config.seed)
-        self.rollouts = Rollouts(model, tokenizer, setup.episode_settings(config, config.seed, reward=seams.reward),
-                                 setup.engine_settings(config, self.meshes["rollout"], seams.make_engine))
-        self.heldout = HeldOut(self.rollouts, self.rollouts.evaluator(eval_seed(config)), tasks("eval"), stage,
-                               title="Group-baseline RL")
+        self.stream = wiring.task_stream()
+        self.rollouts = wiring.rollouts()
+        self.heldout = wiring.heldout(self.rollouts, title="Group-baseline RL")
 
     # -- what the loop checkpoints --
     def arrays(self) -> dict:

@@ -30,15 +30,15 @@ import ml_collections
 import numpy as np
 
 from mercury_jax.data.seeds import derived_seed
-from mercury_jax.data.task_order import TaskOrder
 from mercury_jax.envs.browse.stop_verifier import STOP_RULES
 from mercury_jax.envs.prefix_episode import PrefixEpisode
 from mercury_jax.parallel.distributed import all_gather_objects, fetch
 from mercury_jax.rl.advantages import group_advantages
 from mercury_jax.rollout.rewards import StopVerifierReward
-from mercury_jax.rollout.trajectory import Trajectory, batch_trajectories, padded_length
-from mercury_jax.runs.rundir import RunDir, StageDir, append_line, write_text
+from mercury_jax.rollout.trajectory import Trajectory, padded_length
+from mercury_jax.runs.rundir import RunDir, append_line, write_text
 from mercury_jax.train import setup
+from mercury_jax.train.group_batch import group_batch
 from mercury_jax.train.grpo_learner import (
     frozen_reference,
     make_grpo_step,
@@ -46,13 +46,14 @@ from mercury_jax.train.grpo_learner import (
     reference_micro_batches,
 )
 from mercury_jax.train.guards import NonFiniteGuard
-from mercury_jax.train.loop import Cadence, StepResult, run_loop
+from mercury_jax.train.loop import Cadence, StepResult
 from mercury_jax.train.packing import pack_batch, rows_used
 from mercury_jax.train.pivot_data import build_pivots, prompt_ids, read_pivots, task_tool_schemas
-from mercury_jax.train.placement import batch_to_mesh, role_meshes, state_on_mesh, step_shardings
-from mercury_jax.train.rollouts import Rollouts, Seams
+from mercury_jax.train.placement import batch_to_mesh, step_shardings
+from mercury_jax.train.rollouts import Seams
 from mercury_jax.train.state import TrainState
-from mercury_jax.train.warm_start import starting_policy, starting_policy_name
+from mercury_jax.train.warm_start import starting_policy_name
+from mercury_jax.train.wiring import Wiring, run_pipeline
 
 LEARNER_KEYS = ("loss", "policy_loss", "kl_loss", "kl", "clip_fraction", "clip_low_fraction", "clip_high_fraction",
                 "mean_ratio", "grad_norm", "logp_train_rollout_gap")
@@ -62,12 +63,7 @@ PIVOT_EPISODE_SEED_OFFSET = 2_000_003  # the policy's own episodes that a pivot 
 def run_grpo(config: ml_collections.ConfigDict, workdir: str | os.PathLike, seams: Seams = Seams()):
     """Warm start (when `sft.enabled`), then pivot GRPO; returns (actor model, metric history, reference
     (graphdef, state))."""
-    run = RunDir(workdir)
-    meshes = role_meshes(config, ("rollout", "actor", "reference"))
-    model, tokenizer = starting_policy(config, run, mesh=meshes["actor"])
-    algorithm = PivotGrpo(config, model, tokenizer, run.stage("grpo"), seams, meshes=meshes)
-    history = run_loop(algorithm, run.stage("grpo"), grpo_cadence(config), train_cfg=config.get("train"),
-                       rollouts=algorithm.rollouts, make_checkpointer=seams.make_checkpointer)
+    algorithm, history = run_pipeline(config, workdir, seams, PivotGrpo, grpo_cadence(config))
     return algorithm.actor.model(), history, (algorithm.reference_graphdef, algorithm.reference_state)
 
 
@@ -83,27 +79,23 @@ class PivotGrpo:
     plot_keys = ("reward", "outcome_correct_stop", "over_search_rate", "stop_rate_sufficient", "premature_rate",
                  "zero_variance_fraction", "kl", "clip_fraction", "grad_norm")
 
-    def __init__(self, config: ml_collections.ConfigDict, model, tokenizer, stage: StageDir, seams: Seams = Seams(),
-                 *, meshes: dict | None = None):
+    def __init__(self, wiring: Wiring):
+        config, model, tokenizer = wiring.config, wiring.model, wiring.tokenizer
         self.config, self.cfg, self.rcfg, self.tokenizer = config, config.grpo, config.rollout, tokenizer
-        self.stage_dir, self.steps, self.logs = stage, config.grpo.steps, (stage.samples,)
-        self.meshes = meshes or role_meshes(config, ("rollout", "actor", "reference"))
-        self.actor = state_on_mesh(model, self.cfg.actor_optimizer, self.meshes["actor"])
+        self.stage_dir, self.steps, self.logs = wiring.stage, config.grpo.steps, (wiring.stage.samples,)
+        self.wiring, self.meshes = wiring, wiring.meshes
+        self.actor = wiring.learner(model, self.cfg.actor_optimizer)
         self.reference_graphdef, self.reference_state = frozen_reference(model, jnp.dtype(self.cfg.reference_dtype),
                                                                          mesh=self.meshes["reference"])
         self.reference_logprobs = make_reference_logprobs(self.reference_graphdef, mesh=self.meshes["reference"],
                                                           micro_batches=reference_micro_batches(self.cfg))
         self.actor_step = make_grpo_step(self.actor.graphdef, self.actor.tx, self.cfg,
                                          state_shardings=step_shardings(self.actor))
-        rules = dict(STOP_RULES, **self.cfg.stop_rules.to_dict())
-        episodes = setup.episode_settings(config, config.seed,
-                                          reward=seams.reward or StopVerifierReward(tokenizer, rules))
+        episodes = wiring.episodes(StopVerifierReward(tokenizer, dict(STOP_RULES, **self.cfg.stop_rules.to_dict())))
         one_turn = dataclasses.replace(episodes.budgets, max_tool_turns=0)  # a pivot state: its stop decision only
-        self.rollouts = Rollouts(model, tokenizer,
-                                 dataclasses.replace(episodes, budgets=one_turn, environment=PrefixEpisode),
-                                 setup.engine_settings(config, self.meshes["rollout"], seams.make_engine))
-        states = seams.tasks("train") if seams.tasks else self.pivot_states()
-        self.stream = TaskOrder(states, config.seed)
+        self.rollouts = wiring.rollouts(dataclasses.replace(episodes, budgets=one_turn, environment=PrefixEpisode))
+        states = wiring.seams.tasks("train") if wiring.seams.tasks else self.pivot_states()
+        self.stream = wiring.task_stream(states)
 
     # -- what the loop checkpoints --
     def arrays(self) -> dict:
@@ -225,19 +217,6 @@ def pivot_world(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 
 # ------------------------------------------------------------------------------------------------ one step
-def group_batch(trajectories: list[Trajectory], advantages_GxK: np.ndarray, keep_G: np.ndarray, length: int, *,
-                pad_id: int) -> dict[str, np.ndarray]:
-    """`batch_trajectories` of G groups of K one-turn episodes (row g*K + k), with the group advantage A[g, k] on
-    the action tokens and the action mask emptied in dropped groups: tokens, action_mask, rollout_logprobs,
-    advantages."""
-    batch = batch_trajectories(trajectories, length, pad_id=pad_id)
-    keep_rows = np.repeat(np.asarray(keep_G, np.float32), advantages_GxK.shape[1])
-    batch["action_mask"] *= keep_rows[:, None]
-    batch["advantages"] = batch["action_mask"] * np.asarray(advantages_GxK, np.float32).reshape(-1)[:, None]
-    del batch["rewards"], batch["lengths"]
-    return batch
-
-
 def outcome_metrics(states: list[dict], trajectories: list[Trajectory]) -> dict:
     """Reward, the fraction of each verifier outcome, and the stop behaviour split by the state's label:
     stop_rate_sufficient (answers at sufficient states), over_search_rate (tool calls at sufficient states),

@@ -24,31 +24,22 @@ import time
 import ml_collections
 import numpy as np
 
-from mercury_jax.data.task_order import TaskOrder
 from mercury_jax.parallel.distributed import fetch
 from mercury_jax.rollout.trajectory import batch_trajectories, padded_length
-from mercury_jax.runs.run_reader import eval_seed
-from mercury_jax.runs.rundir import RunDir, StageDir, append_line
-from mercury_jax.train import setup
+from mercury_jax.runs.rundir import append_line
 from mercury_jax.train.episode_metrics import barrier_wait, length_spread, trajectory_metrics
-from mercury_jax.train.heldout import HeldOut
-from mercury_jax.train.loop import Cadence, StepResult, run_loop
+from mercury_jax.train.loop import Cadence, StepResult
 from mercury_jax.train.packing import pack_batch, rows_used
-from mercury_jax.train.placement import batch_to_mesh, role_meshes, state_on_mesh, step_shardings
-from mercury_jax.train.rollouts import Rollouts, Seams
+from mercury_jax.train.placement import batch_to_mesh, step_shardings
+from mercury_jax.train.rollouts import Seams
 from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step
-from mercury_jax.train.warm_start import starting_policy
+from mercury_jax.train.wiring import Wiring, run_pipeline
 from models.qwen35_moe.critic import Qwen35MoeCritic, critic_trainable
 
 
 def run_sao(config: ml_collections.ConfigDict, workdir: str | os.PathLike, seams: Seams = Seams()):
     """Warm start (when `sft.enabled`), then SAO; returns (actor model, critic model, metric history)."""
-    run = RunDir(workdir)
-    meshes = role_meshes(config, ("rollout", "actor", "critic"))
-    model, tokenizer = starting_policy(config, run, mesh=meshes["actor"])
-    algorithm = Sao(config, model, tokenizer, run.stage("sao"), seams, meshes=meshes)
-    history = run_loop(algorithm, run.stage("sao"), sao_cadence(config), train_cfg=config.get("train"),
-                       rollouts=algorithm.rollouts, make_checkpointer=seams.make_checkpointer)
+    algorithm, history = run_pipeline(config, workdir, seams, Sao, sao_cadence(config))
     return algorithm.actor.model(), algorithm.critic.model(), history
 
 
@@ -64,29 +55,23 @@ class Sao:
     plot_keys = ("reward", "all_effects_pass", "truncation_rate", "response_length", "value_loss",
                  "explained_variance", "dis_masked_fraction")
 
-    def __init__(self, config: ml_collections.ConfigDict, model, tokenizer, stage: StageDir, seams: Seams = Seams(),
-                 *, meshes: dict | None = None):
-        self.cfg, self.rcfg, self.tokenizer, self.stage_dir = config.sao, config.rollout, tokenizer, stage
-        self.logs = (stage.batches,)  # truncated to the checkpoint's step on a resume
-        self.steps = self.cfg.steps
-        self.meshes = meshes or role_meshes(config, ("rollout", "actor", "critic"))
+    def __init__(self, wiring: Wiring):
+        config, model = wiring.config, wiring.model
+        self.cfg, self.rcfg, self.tokenizer, self.stage_dir = config.sao, config.rollout, wiring.tokenizer, wiring.stage
+        self.logs = (wiring.stage.batches,)  # truncated to the checkpoint's step on a resume
+        self.steps, self.meshes = self.cfg.steps, wiring.meshes
         critic = Qwen35MoeCritic.from_policy(model, mesh=self.meshes["critic"])
-        self.actor = state_on_mesh(model, self.cfg.actor_optimizer, self.meshes["actor"])
-        self.critic = state_on_mesh(critic, self.cfg.critic_optimizer, self.meshes["critic"], critic_trainable)
+        self.actor = wiring.learner(model, self.cfg.actor_optimizer)
+        self.critic = wiring.learner(critic, self.cfg.critic_optimizer, "critic", critic_trainable)
         self.actor_step = make_actor_step(self.actor.graphdef, self.actor.tx, self.cfg,
                                           state_shardings=step_shardings(self.actor))
         self.critic_step = make_critic_step(self.critic.graphdef, self.critic.tx, self.cfg,
                                             state_shardings=step_shardings(self.critic))
         self.advantage_fn = make_advantage_fn(self.critic.graphdef, self.cfg, mesh=self.meshes["critic"])
-
-        tasks = seams.tasks or (lambda split: setup.world_tasks(config.world, split))
-        self.stream = TaskOrder(tasks("train"), config.seed)
-        self.rollouts = Rollouts(model, tokenizer, setup.episode_settings(config, config.seed, reward=seams.reward),
-                                 setup.engine_settings(config, self.meshes["rollout"], seams.make_engine),
-                                 mode=self.rcfg.mode, max_staleness=self.cfg.max_staleness,
-                                 queue_size=self.cfg.batch_prompts)
-        self.heldout = HeldOut(self.rollouts, self.rollouts.evaluator(eval_seed(config)), tasks("eval"), stage,
-                               title="SAO")  # their own seed stream
+        self.stream = wiring.task_stream()
+        self.rollouts = wiring.rollouts(mode=self.rcfg.mode, max_staleness=self.cfg.max_staleness,
+                                        queue_size=self.cfg.batch_prompts)
+        self.heldout = wiring.heldout(self.rollouts, title="SAO")  # their own seed stream
 
     # -- what the loop checkpoints --
     def arrays(self) -> dict:
