@@ -13,6 +13,7 @@ from mercury_jax.rollout.trajectory import Trajectory
 from mercury_jax.train.async_batches import AsyncBatches, AsyncLayoutChanged
 
 TASKS = [{"task_id": f"t{i}"} for i in range(5)]
+TIMEOUT_S = 5.0  # every collect here has its batch at once: a collect still waiting after this is a bug, not a hang
 
 
 class StandInWorker:
@@ -28,6 +29,12 @@ class StandInWorker:
         pass
 
 
+class LastTrajectoriesWorker(StandInWorker):
+    """A worker that has sampled its last trajectories: it runs while its queue still holds some."""
+
+    running = property(lambda self: not self.queue.empty(), lambda self, value: None)
+
+
 def finished(episode: int, version: int, env_failure: str | None = None) -> Trajectory:
     return Trajectory(task_id=f"e{episode}", tokens=[7], action_mask=[1], rollout_logprobs=[-1.0],
                       policy_versions=[version], prompt_length=0, env_failure=env_failure, episode_id=episode)
@@ -41,9 +48,10 @@ def started(batches: AsyncBatches, count: int, tasks=None) -> list[int]:
 
 def test_a_batch_is_chosen_in_episode_order_and_everything_handed_out_is_accounted():
     """A round takes at most n finished trajectories a host (in the order they finished) and chooses among what has
-    arrived in episode order; what is left waits in the worker's queue or the pool."""
+    arrived in episode order; what is left waits in the worker's queue or the pool. Planted bug: `> self.max_staleness`
+    -> `>= self.max_staleness` in AsyncBatches.collect (a TimeoutError after TIMEOUT_S, not a wait of 3600 s)."""
     stream = TaskOrder(TASKS, seed=0)
-    batches = AsyncBatches(stream, owners=[0, 0], max_staleness=1, poll_s=0.0)
+    batches = AsyncBatches(stream, owners=[0, 0], max_staleness=1, poll_s=0.0, timeout_s=TIMEOUT_S)
     worker = StandInWorker()
     batches.start(worker)
     assert started(batches, 6) == [0, 1, 2, 3, 4, 5]
@@ -63,9 +71,26 @@ def test_a_batch_is_chosen_in_episode_order_and_everything_handed_out_is_account
     assert [stream.at(e)["task_id"] for e in range(6)] == [t["task_id"] for t in TaskOrder(TASKS, 0).take(6)]
 
 
+@pytest.mark.parametrize("max_staleness", [0, 1, 3])
+def test_a_trajectory_exactly_max_staleness_behind_is_kept_and_one_more_is_dropped(max_staleness):
+    """The worker ends once its two trajectories are drained, so a collect that keeps neither fails at once instead
+    of waiting. Planted bug: `version - trajectory.policy_version > self.max_staleness` -> `>=` in
+    AsyncBatches.collect."""
+    version = 5
+    batches = AsyncBatches(TaskOrder(TASKS, seed=0), owners=[0], max_staleness=max_staleness, poll_s=0.0,
+                           timeout_s=TIMEOUT_S)
+    worker = LastTrajectoriesWorker()
+    batches.start(worker)
+    started(batches, 2)
+    worker.queue.put(finished(0, version=version - max_staleness - 1))  # one version too old
+    worker.queue.put(finished(1, version=version - max_staleness))      # as old as allowed
+    kept, stale, env_failed = batches.collect(1, version=version)
+    assert [t.episode_id for t in kept] == [1] and (stale, env_failed) == (1, 0)
+
+
 def test_a_resume_samples_the_unsettled_episodes_first_then_goes_on():
     stream = TaskOrder(TASKS, seed=3)
-    batches = AsyncBatches(stream, owners=[0], max_staleness=1, poll_s=0.0)
+    batches = AsyncBatches(stream, owners=[0], max_staleness=1, poll_s=0.0, timeout_s=TIMEOUT_S)
     worker = StandInWorker()
     batches.start(worker)
     started(batches, 5)
@@ -75,7 +100,7 @@ def test_a_resume_samples_the_unsettled_episodes_first_then_goes_on():
     meta = batches.meta()
     assert meta["async_rollouts"]["unsettled"] == [1, 3, 4] and meta["async_rollouts"]["handed_out"] == 5
 
-    resumed = AsyncBatches(stream, owners=[0], max_staleness=1, poll_s=0.0)
+    resumed = AsyncBatches(stream, owners=[0], max_staleness=1, poll_s=0.0, timeout_s=TIMEOUT_S)
     resumed.restore(meta)
     tasks = resumed.tasks()
     pairs = [next(tasks) for _ in range(5)]
@@ -94,14 +119,14 @@ def test_a_resume_on_another_layout_is_refused_by_name():
 
 
 def test_no_batch_when_every_worker_has_ended():
-    batches = AsyncBatches(TaskOrder(TASKS, seed=0), owners=[0], max_staleness=1, poll_s=0.0)
+    batches = AsyncBatches(TaskOrder(TASKS, seed=0), owners=[0], max_staleness=1, poll_s=0.0, timeout_s=TIMEOUT_S)
     batches.start(None)
     with pytest.raises(RuntimeError, match="every rollout worker has ended with 0 of 2"):
         batches.collect(2, version=0)
 
 
 def test_a_failed_worker_ends_the_collect_with_its_error():
-    batches = AsyncBatches(TaskOrder(TASKS, seed=0), owners=[0], max_staleness=1, poll_s=0.0)
+    batches = AsyncBatches(TaskOrder(TASKS, seed=0), owners=[0], max_staleness=1, poll_s=0.0, timeout_s=TIMEOUT_S)
     worker = StandInWorker()
     batches.start(worker)
     worker.error = ConnectionError("the MCP host went away")
