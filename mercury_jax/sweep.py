@@ -6,7 +6,7 @@ the checkpoint the released rule selects (docs/ALGORITHMS.md, pipeline 2, "Check
 
 `--workdir` is a local path, a `file:///abs/path` URL or a `gs://` URI (read through `runs/run_reader.py`). For each
 checkpoint `WORKDIR/grpo/checkpoints/STEP` (ascending; step 0 is the starting SFT policy and is always evaluated)
-the policy runs one full tool episode per held-out task (`setup.world_tasks(config.world, "eval")`, the first
+the policy runs one full tool episode per held-out task (`world_tasks(config.world, "eval")`, the first
 `--num-tasks`) with the run's rollout budgets and sampling, on the run's rollout layout (`train/checkpoint_engine.py`):
 with `rollout.replica` (the released runs), replicas of that shape over every device of every process, each
 checkpoint restored straight into their layout in `rollout.param_dtype` (no host copy of the whole model); else one
@@ -50,6 +50,7 @@ from absl import logging  # noqa: E402
 from etils import epath  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
+from mercury_jax.config.world import world_tasks  # noqa: E402
 from mercury_jax.evaluation import (  # noqa: E402
     EpisodeOutcomes,
     checkpoint_record,
@@ -64,7 +65,6 @@ from mercury_jax.rollout.engine import Engine  # noqa: E402
 from mercury_jax.runs.run_reader import EVAL_SEED_OFFSET, RunReader, RunReadError, eval_seed  # noqa: E402
 from mercury_jax.runs.rundir import as_path, is_local, write_atomically  # noqa: E402
 from mercury_jax.train.checkpoint_engine import CheckpointEngine  # noqa: E402
-from mercury_jax.train.setup import world_tasks  # noqa: E402
 
 STAGE = "grpo"
 ROLLOUT_FIELDS = ("max_tool_turns", "max_total_tokens", "max_turn_tokens", "temperature", "top_p", "num_slots")

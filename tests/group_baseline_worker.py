@@ -13,7 +13,7 @@ sys.path.insert(0, str(REPO))
 import jax  # noqa: E402
 
 from experiments.group_baseline import get_config  # noqa: E402
-from mercury_jax.train import setup  # noqa: E402
+from mercury_jax.config.rollout import episode_reward  # noqa: E402
 from mercury_jax.train.group_baseline import run  # noqa: E402
 from mercury_jax.train.rollouts import Seams  # noqa: E402
 
@@ -38,7 +38,7 @@ def tiny_group_config(steps: int):
 def synthetic_reward(config):
     """The run's own reward parts with a deterministic score of the sampled tokens in [0, 1] as the reward: the
     tiny policy after 2 SFT steps earns 0 on every task, which would make every advantage 0."""
-    real = setup.episode_reward(config)
+    real = episode_reward(config)
 
     def reward(task, trajectory, grade):
         actions = [tok for tok, m in zip(trajectory.tokens, trajectory.action_mask) if m]

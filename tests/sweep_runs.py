@@ -38,13 +38,14 @@ def released_structure(config: ml_collections.ConfigDict, param_dtype: str) -> m
 def start_run(workdir: Path, config: ml_collections.ConfigDict) -> Path:
     """config.json and the run's SentencePiece tokenizer in `workdir`."""
     from mercury_jax.chat import render
+    from mercury_jax.config.world import oracle_messages, tool_schemas, world_tasks
     from mercury_jax.runs.run_reader import save_run_config
-    from mercury_jax.train import setup
+    from mercury_jax.runs.tokenizer import build_tokenizer
 
     save_run_config(config, workdir)
-    tasks = setup.world_tasks(config.world, "train") + setup.world_tasks(config.world, "eval")
-    texts = [render(m, t) for m, t in zip(setup.oracle_messages(tasks), setup.tool_schemas(tasks))]
-    setup.build_tokenizer(config.tokenizer, workdir, texts)
+    tasks = world_tasks(config.world, "train") + world_tasks(config.world, "eval")
+    texts = [render(m, t) for m, t in zip(oracle_messages(tasks), tool_schemas(tasks))]
+    build_tokenizer(config.tokenizer, workdir, texts)
     return workdir
 
 

@@ -285,15 +285,16 @@ def test_cli_names_what_is_missing(tmp_path, capsys):
 def tokenizer_run(tmp_path_factory):
     """The start of a fake pivot-GRPO run: config.json and the SentencePiece tokenizer trained on oracle text."""
     from mercury_jax.chat import render
+    from mercury_jax.config.world import oracle_messages, tool_schemas, world_tasks
     from mercury_jax.runs.run_reader import save_run_config
-    from mercury_jax.train import setup
+    from mercury_jax.runs.tokenizer import build_tokenizer
 
     workdir = tmp_path_factory.mktemp("grpo-run")
     config = tiny_grpo_config()
     save_run_config(config, workdir)
-    tasks = setup.world_tasks(config.world, "train") + setup.world_tasks(config.world, "eval")
-    texts = [render(m, t) for m, t in zip(setup.oracle_messages(tasks), setup.tool_schemas(tasks))]
-    setup.build_tokenizer(config.tokenizer, workdir, texts)
+    tasks = world_tasks(config.world, "train") + world_tasks(config.world, "eval")
+    texts = [render(m, t) for m, t in zip(oracle_messages(tasks), tool_schemas(tasks))]
+    build_tokenizer(config.tokenizer, workdir, texts)
     return workdir
 
 
@@ -413,8 +414,8 @@ def test_sweep_selects_by_the_rule_on_scripted_policies(tokenizer_run, tmp_path,
     import shutil
 
     from mercury_jax import sweep
+    from mercury_jax.config.world import world_tasks
     from mercury_jax.runs.run_reader import RunReader, save_run_config
-    from mercury_jax.train.setup import world_tasks
 
     workdir = tmp_path
     if location == "gs":

@@ -23,13 +23,13 @@ from flax import nnx
 
 from experiments.sao import get_config
 from mercury_jax.config.model import build_model
+from mercury_jax.config.rollout import behaviour, episode_reward
 from mercury_jax.config.validate import ConfigError, validate_config
 from mercury_jax.export import export_run
 from mercury_jax.export import main as export_main
 from mercury_jax.rollout.engine import Engine
 from mercury_jax.runs.run_reader import RunReader, RunReadError, read_checkpoint_arrays, save_run_config
 from mercury_jax.runs.rundir import RunDir
-from mercury_jax.train import setup
 from mercury_jax.train.rollouts import Seams
 from mercury_jax.train.sao import Sao, run_sao
 from mercury_jax.train.wiring import Wiring
@@ -66,7 +66,7 @@ def synthetic_score(trajectory) -> float:
 
 def synthetic_reward(config):
     """The run's own reward parts (effects, multiplier...) with the synthetic score as the reward."""
-    real = setup.episode_reward(config)
+    real = episode_reward(config)
 
     def reward(task, trajectory, grade):
         return synthetic_score(trajectory), real(task, trajectory, grade)[1]
@@ -206,14 +206,14 @@ def test_runners_take_the_behaviour_section_of_the_config(full_run, tmp_path):
     config = tiny_sao_config(1)
     expected = BehaviourConfig(**{**get_config("tiny").behaviour.to_dict(), "turn_budget_strength": 0.25})
     assert expected != BehaviourConfig(turn_budget_strength=0.25)  # :tiny also turns the malformed-calls factor on
-    assert setup.behaviour(config) == expected
+    assert behaviour(config) == expected
     # without an injected reward the trainer's train and held-out runners pay with the config's behaviour
     tokenizer = RunReader(full_run["workdir"]).tokenizer()
     sao = Sao(Wiring(config, build_model(config.model, tokenizer.vocab_size, 0), tokenizer,
                      RunDir(tmp_path).stage("sao")))
     assert sao.rollouts.runner.reward.behaviour == expected and sao.heldout.runner.reward.behaviour == expected
     del config.behaviour  # a run config written before the section existed
-    assert setup.behaviour(config) == BehaviourConfig()
+    assert behaviour(config) == BehaviourConfig()
 
 
 @pytest.mark.slow

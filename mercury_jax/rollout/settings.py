@@ -1,6 +1,6 @@
 """The rollout's settings, passed whole: what every episode of a runner shares (`EpisodeSettings`) and how its
 engine is built and where it runs (`EngineSettings`). A trainer builds both once from its config
-(`train/setup.py`); the runner, the worker, the replicas and the trainers' `Rollouts` take them as they are."""
+(`config/rollout.py`); the runner, the worker, the replicas and the trainers' `Rollouts` take them as they are."""
 from __future__ import annotations
 
 import dataclasses

@@ -25,6 +25,7 @@ from collections.abc import Callable
 import jax
 
 from mercury_jax.config.roles import role_devices, rollout_layout
+from mercury_jax.config.rollout import episode_settings
 from mercury_jax.rollout.engine import Engine
 from mercury_jax.rollout.episode import EpisodeRunner
 from mercury_jax.rollout.layout import replica_meshes
@@ -33,7 +34,6 @@ from mercury_jax.rollout.settings import EngineSettings
 from mercury_jax.rollout.sharded_runner import ShardedRunner
 from mercury_jax.runs.replica_restore import restore_into_replicas, restore_on_device
 from mercury_jax.runs.run_reader import RunReader
-from mercury_jax.train.setup import episode_settings
 
 
 def default_load_policy(reader: RunReader, stage: str, step: int, dtype=None):

@@ -29,6 +29,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from mercury_jax.config.rollout import episode_settings
+from mercury_jax.config.world import world_tasks
 from mercury_jax.data.seeds import derived_seed
 from mercury_jax.envs.browse.stop_verifier import STOP_RULES
 from mercury_jax.envs.prefix_episode import PrefixEpisode
@@ -37,7 +39,6 @@ from mercury_jax.rl.advantages import group_advantages
 from mercury_jax.rollout.rewards import StopVerifierReward
 from mercury_jax.rollout.trajectory import Trajectory, padded_length
 from mercury_jax.runs.rundir import RunDir, append_line, write_text
-from mercury_jax.train import setup
 from mercury_jax.train.group_batch import group_batch
 from mercury_jax.train.grpo_learner import (
     frozen_reference,
@@ -170,11 +171,11 @@ class PivotGrpo:
         path = RunDir(cfg.pivots_path).root if cfg.pivots_path else self.stage_dir.pivots
         if not all_gather_objects(path.exists())[0]:  # process 0's view: every process builds it, or none
             self.stage_dir.make()
-            tasks = setup.world_tasks(pivot_world(config), "train")
+            tasks = world_tasks(pivot_world(config), "train")
             run_episodes = None
             if cfg.pivot_source == "policy":
                 seed = config.seed + PIVOT_EPISODE_SEED_OFFSET  # whole browsing episodes with the world's reward
-                runner = self.rollouts.evaluator(seed, setup.episode_settings(config, seed))
+                runner = self.rollouts.evaluator(seed, episode_settings(config, seed))
                 run_episodes = runner.run
             t0 = time.perf_counter()
             counts = build_pivots(tasks, path, source=cfg.pivot_source, oracle_options=config.oracle.to_dict(),

@@ -19,13 +19,13 @@ from collections.abc import Mapping, Sequence
 
 from mercury_jax.chat import parse_assistant
 from mercury_jax.config.grpo_rules import PIVOT_SOURCES
+from mercury_jax.config.world import tool_schemas
 from mercury_jax.envs.browse.pivots import extract_pivots, write_pivots
 from mercury_jax.envs.episode import oracle_trajectory
 from mercury_jax.parallel.distributed import barrier, is_primary
 from mercury_jax.rollout.messages import trajectory_from_messages
 from mercury_jax.rollout.trajectory import Trajectory
 from mercury_jax.runs.rundir import as_path
-from mercury_jax.train.setup import tool_schemas
 
 
 def build_pivots(tasks: Sequence[Mapping], path: str | os.PathLike, *, source: str,

@@ -1,7 +1,7 @@
 """The rollout side of a run: episodes sampled with the weights the learner last published.
 
 The episodes' settings and the engine's come whole (`rollout/settings.py`, built from the config by
-`setup.episode_settings` / `setup.engine_settings`). With replica meshes (config `rollout.replica`, one replica's
+`config/rollout.py`). With replica meshes (config `rollout.replica`, one replica's
 mesh shape) the engine is a `ReplicatedEngine` over the rollout devices: R = devices / replica size replicas,
 `num_slots / R` slots each, weights cast to `param_dtype` and published device to device into every replica's
 layout (a replica swaps them between its requests). Without it, as follows.
@@ -57,8 +57,8 @@ class Seams:
 
 
 class Rollouts:
-    """The run's rollout side: episodes with `settings` on the engine `engine` describes (`setup.engine_settings`:
-    the rollout devices, or replica meshes over them)."""
+    """The run's rollout side: episodes with `settings` on the engine `engine` describes
+    (`config/rollout.py:engine_settings`: the rollout devices, or replica meshes over them)."""
 
     def __init__(self, model: nnx.Module, tokenizer, settings: EpisodeSettings, engine: EngineSettings, *,
                  mode: str = "sync", version: int = 0, max_staleness: int = 0, queue_size: int = 64):

@@ -11,10 +11,11 @@ import ml_collections
 from mercury_jax.chat import render
 from mercury_jax.config.defaults import setting
 from mercury_jax.config.model import build_model
+from mercury_jax.config.world import oracle_messages, tool_schemas, world_tasks
 from mercury_jax.data.chat_records import BadRecord, parse_record
 from mercury_jax.data.corpus import InMemoryCorpus, chat_corpus
 from mercury_jax.runs.rundir import RunDir, write_text
-from mercury_jax.train import setup
+from mercury_jax.runs.tokenizer import build_tokenizer
 from mercury_jax.train.placement import role_meshes
 from mercury_jax.train.sft import run_sft
 
@@ -28,14 +29,14 @@ def prepare_sft_data(config: ml_collections.ConfigDict, workdir: str | os.PathLi
     if setting(config.sft, "data"):
         corpus = chat_corpus(config.sft.data)
         texts = corpus_texts(corpus) if config.tokenizer.kind == "sentencepiece" else []
-        tokenizer = setup.build_tokenizer(config.tokenizer, workdir, texts)
+        tokenizer = build_tokenizer(config.tokenizer, workdir, texts)
         print(f"SFT data: {len(corpus)} records from {config.sft.data}, vocabulary {tokenizer.vocab_size}",
               flush=True)
         return tokenizer, corpus
-    tasks = setup.world_tasks(config.world, "train")
-    chats = setup.oracle_messages(tasks, config.oracle.to_dict() if "oracle" in config else None)
-    tools = setup.tool_schemas(tasks)
-    tokenizer = setup.build_tokenizer(config.tokenizer, workdir, [render(m, t) for m, t in zip(chats, tools)])
+    tasks = world_tasks(config.world, "train")
+    chats = oracle_messages(tasks, config.oracle.to_dict() if "oracle" in config else None)
+    tools = tool_schemas(tasks)
+    tokenizer = build_tokenizer(config.tokenizer, workdir, [render(m, t) for m, t in zip(chats, tools)])
     print(f"SFT data: {len(chats)} oracle chats of the train tasks, vocabulary {tokenizer.vocab_size}", flush=True)
     return tokenizer, InMemoryCorpus([{"messages": m, "tools": t} for m, t in zip(chats, tools)], "oracle chat")
 
@@ -76,7 +77,7 @@ def starting_policy(config: ml_collections.ConfigDict, run: RunDir, *, mesh=None
     if config.tokenizer.kind == "sentencepiece":
         tokenizer, _ = prepare_sft_data(config, run)
     else:
-        tokenizer = setup.build_tokenizer(config.tokenizer, run, [])
+        tokenizer = build_tokenizer(config.tokenizer, run, [])
     return build_model(config.model, tokenizer.vocab_size, config.seed, mesh=mesh), tokenizer
 
 

@@ -19,11 +19,12 @@ import ml_collections
 from flax import nnx
 
 from mercury_jax.config.registry import pipeline
+from mercury_jax.config.rollout import engine_settings, episode_settings
+from mercury_jax.config.world import world_tasks
 from mercury_jax.data.task_order import TaskOrder
 from mercury_jax.rollout.settings import EpisodeSettings
 from mercury_jax.runs.run_reader import eval_seed
 from mercury_jax.runs.rundir import RunDir, StageDir
-from mercury_jax.train import setup
 from mercury_jax.train.heldout import HeldOut
 from mercury_jax.train.loop import Cadence, run_loop
 from mercury_jax.train.placement import role_meshes, state_on_mesh
@@ -53,7 +54,7 @@ class Wiring:
 
     def tasks(self, split: str) -> list:
         """The train or eval tasks: the seams' when given, else `config.world`'s."""
-        return self.seams.tasks(split) if self.seams.tasks else setup.world_tasks(self.config.world, split)
+        return self.seams.tasks(split) if self.seams.tasks else world_tasks(self.config.world, split)
 
     def task_stream(self, tasks=None) -> TaskOrder:
         """The seeded epoch order over `tasks` (default: the train split), resumable by `consumed`."""
@@ -63,11 +64,11 @@ class Wiring:
         """Episode settings of `config.rollout` with the run's seed; the reward is the seams', else `reward`, else
         the enterprise reward."""
         seed = self.config.seed if seed is None else seed
-        return setup.episode_settings(self.config, seed, reward=self.seams.reward or reward)
+        return episode_settings(self.config, seed, reward=self.seams.reward or reward)
 
     def rollouts(self, episodes: EpisodeSettings | None = None, **kwargs) -> Rollouts:
         """The rollout side on the rollout mesh, with the starting policy's weights (`kwargs`: mode, staleness)."""
-        engine = setup.engine_settings(self.config, self.meshes["rollout"], self.seams.make_engine)
+        engine = engine_settings(self.config, self.meshes["rollout"], self.seams.make_engine)
         return Rollouts(self.model, self.tokenizer, episodes or self.episodes(), engine, **kwargs)
 
     def heldout(self, rollouts: Rollouts, title: str) -> HeldOut:
