@@ -336,21 +336,19 @@ def test_prefill_never_builds_logits_for_every_prompt_position(model):
     assert f"tensor<1x32x{VOCAB}xf32>" in forward  # control: the pattern finds full logits where they exist
 
 
-def test_a_long_prefill_runs_in_chunks_and_equals_one_call(model, monkeypatch):
+def test_a_long_prefill_runs_in_chunks_and_equals_one_call(model):
     """A run longer than `prefill_chunk(max_length)` is fed in chunks (what keeps a 131,072-token cache's prefill
     scores small): the first sampled token, its log-prob and the next decode steps equal the one-call prefill's
     (fp32; the chunks' GDN state and attention over the cache are the same sums, rtol 1e-5)."""
-    import mercury_jax.rollout.sampler as sampler_module
-    from mercury_jax.rollout.sampler import Sampler, TokenSampling, prefill_chunk
+    from mercury_jax.rollout.sampler import PREFILL_SCORES, Sampler, TokenSampling, prefill_chunk
 
     assert prefill_chunk(24_576) == 16_384 and prefill_chunk(131_072) == 4_096  # the released and long contexts
     tokens = list(np.random.default_rng(0).integers(1, VOCAB, 41))
     sampling = TokenSampling(request_id=3, seed=1, temperature=1.0)
     outputs = []
-    for scores in (sampler_module.PREFILL_SCORES, 16 * MAX_LEN):  # one call; chunks of 16 (41 = 16 + 16 + 9)
-        monkeypatch.setattr(sampler_module, "PREFILL_SCORES", scores)
+    for scores in (PREFILL_SCORES, 16 * MAX_LEN):  # one call; chunks of 16 (41 = 16 + 16 + 9)
         calls = []
-        sampler = Sampler(model, num_slots=2, max_length=MAX_LEN)
+        sampler = Sampler(model, num_slots=2, max_length=MAX_LEN, prefill_scores=scores)
         real = sampler._prefill_row
         sampler._prefill_row = lambda *a, real=real, calls=calls: calls.append(a[2].shape[1]) or real(*a)
         state, first, _ = sampler.prefill(sampler.init_state(), 1, tokens, sampling, reset=True, limit=5)

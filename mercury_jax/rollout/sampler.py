@@ -72,12 +72,12 @@ def bucket_length(length: int, max_length: int) -> int:
     return max(length, min(bucket, max_length))
 
 
-def prefill_chunk(max_length: int) -> int:
+def prefill_chunk(max_length: int, scores: int = PREFILL_SCORES) -> int:
     """The most tokens one prefill call takes on a cache of `max_length` positions: the largest power of two with
-    chunk x max_length <= PREFILL_SCORES (16,384 at 24,576; 4,096 at 131,072), at least MIN_BUCKET, at most
-    `max_length`."""
+    chunk x max_length <= `scores` (at PREFILL_SCORES: 16,384 at 24,576; 4,096 at 131,072), at least MIN_BUCKET, at
+    most `max_length`."""
     chunk = MIN_BUCKET
-    while chunk * 2 * max_length <= PREFILL_SCORES:
+    while chunk * 2 * max_length <= scores:
         chunk *= 2
     return min(chunk, max_length)
 
@@ -86,13 +86,15 @@ class Sampler:
     """Owns the compiled prefill/decode functions and the model weights they run with.
 
     `update_weights(model, version)` swaps in new weights (same structure and shapes) without recompiling; every
-    call reports the `policy_version` of the weights it ran with.
+    call reports the `policy_version` of the weights it ran with. `prefill_scores` bounds T x max_length of one
+    prefill call (`prefill_chunk`).
     """
 
     def __init__(self, model: nnx.Module, *, num_slots: int, max_length: int, policy_version: int = 0,
                  mesh: Mesh | None = None, param_dtype=None, hbm_gib: float | None = None,
-                 weights: nnx.State | None = None):
+                 weights: nnx.State | None = None, prefill_scores: int = PREFILL_SCORES):
         self.num_slots, self.max_length = num_slots, max_length
+        self.prefill_chunk = prefill_chunk(max_length, prefill_scores)
         self.mesh, self.param_dtype = mesh, param_dtype
         self.graphdef, params = nnx.split(model)
         self._init_cache = model.init_cache
@@ -184,7 +186,7 @@ class Sampler:
         row = self._take_row(state["cache"], slot)
         params, version = self._loaded_weights()
         tokens = list(tokens)
-        chunk = prefill_chunk(self.max_length)
+        chunk = self.prefill_chunk
         for start in range(0, max(len(tokens), 1), chunk):  # the first chunk resets (when asked), the rest append
             piece = tokens[start:start + chunk]
             T = bucket_length(len(piece), self.max_length)
