@@ -5,7 +5,9 @@ it, and two runs started together both finish with their metrics interleaved (do
 
 The lock file is JSON: user, host, pid, the command, when the run started and when the owner last refreshed it, and
 a random token. The owner refreshes it every `refresh_s` from a daemon thread and deletes it when the run ends
-(normally, on an error or on a preemption). A lock is stale, and taken over with a printed note, when:
+(normally, on an error or on a preemption), if it still names this run (token, host, pid and start): a run whose
+lock was taken over in the meantime leaves the new owner's lock alone. A lock is stale, and taken over with a
+printed note, when:
 - its host is this host and its pid is no longer alive (a killed run on this machine), or
 - it has not been refreshed for `stale_after_s` (a run on another host that died without cleaning up).
 
@@ -37,6 +39,7 @@ LOCK_NAME = "run.lock"
 REFRESH_S = 30.0
 STALE_AFTER_S = 300.0   # a lock not refreshed for this long belongs to a dead run (10 missed refreshes)
 REMOTE_SETTLE_S = 2.0   # remote roots: how long to wait before reading a written lock back
+RELEASE_WAIT_S = 10.0   # how long `release` waits for a refresh in progress (a hung remote write: no longer)
 
 
 class WorkdirLocked(RuntimeError):
@@ -69,6 +72,10 @@ class LockOwner:
         return (f"pid {self.pid} on host {self.host} (user {self.user}), started {started}, last refreshed "
                 f"{now - self.refreshed:.0f} s ago, command: {self.command}")
 
+    def same_run(self, other: LockOwner) -> bool:
+        """Whether `other` names the same run: its token, host, pid and start (a refresh changes only `refreshed`)."""
+        return (self.token, self.host, self.pid, self.started) == (other.token, other.host, other.pid, other.started)
+
     def stale_reason(self, *, stale_after_s: float, now: float | None = None) -> str | None:
         """Why this owner's lock is stale (None: it is live)."""
         now = time.time() if now is None else now
@@ -90,11 +97,14 @@ class WorkdirLock:
         self._thread.start()
 
     def release(self) -> None:
+        """Stop refreshing (waiting out a refresh in progress, which would write the lock back) and delete the lock
+        if it still names this run; a lock that another run took over stays, untouched."""
         if self._stop.is_set():
             return
         self._stop.set()
+        self._thread.join(timeout=RELEASE_WAIT_S)
         current = read_owner(self.path)
-        if current is not None and current.token == self.owner.token:
+        if current is not None and current.same_run(self.owner):
             self.path.unlink(missing_ok=True)
 
     def __enter__(self) -> WorkdirLock:
@@ -106,7 +116,7 @@ class WorkdirLock:
     def _refresh_forever(self, refresh_s: float) -> None:
         while not self._stop.wait(refresh_s):
             current = read_owner(self.path)
-            if current is None or current.token != self.owner.token:
+            if current is None or not current.same_run(self.owner):
                 print(f"warning: the workdir lock {self.path} is no longer this run's (now: "
                       f"{current.describe() if current else 'deleted'}); another run may be writing here", flush=True)
                 return
@@ -183,7 +193,7 @@ def _acquire_remote(path: epath.Path, owner: LockOwner, *, refresh_s: float) -> 
     _write(path, owner)
     time.sleep(REMOTE_SETTLE_S)
     current = read_owner(path)
-    if current is None or current.token != owner.token:
+    if current is None or not current.same_run(owner):
         raise WorkdirLocked(_refusal(path.parent, path, current or owner))
     return WorkdirLock(path, owner, refresh_s=refresh_s)
 
