@@ -20,19 +20,28 @@ transformers / vLLM / SGLang render the same prompts), the tokenizer files of `m
 from an HF checkpoint, and for a SentencePiece run its model file as `sentencepiece.model` (a SentencePiece model
 with the Qwen3.5 special tokens at ids 1..33, not an HF tokenizer; load it with
 `mercury_jax.chat.SentencePieceTokenizer`); and `mercury_export.json` (run, stage, step, dtype, experts). All of it
-goes into `--out` in one atomic swap: a killed export leaves `--out` as it was, or complete.
+goes into `--out` in one atomic swap: a killed export, or one that fails (a full disk, a file-size limit), leaves
+`--out` as it was, or complete.
+
+Exit codes (`cli_errors.py`): 0 done; 2 refused, with one `error:` line on stderr naming the problem and the fix (no
+such run, step or stage; a run directory that lacks what the export needs or holds a damaged checkpoint, tokenizer
+or config.json; `--out` naming a file; a write that failed, e.g. on a full disk); `--debug` or MERCURY_DEBUG=1 adds
+the traceback; 1 a bug, with its traceback. A `gs://` run directory needs the optional package gcsfs.
 """
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 from pathlib import Path
 
 import jax.numpy as jnp
 
+from mercury_jax import cli_errors
 from mercury_jax.chat import BUILTIN_CHAT_TEMPLATE
 from mercury_jax.config.registry import stages
+from mercury_jax.runs.checkpoint_faults import FIXES
 from mercury_jax.runs.checkpoint_tensors import CheckpointTensors
 from mercury_jax.runs.run_reader import RunReader, RunReadError
 from models.qwen35_moe.hf import write_hf
@@ -52,13 +61,30 @@ def export_run(workdir: str | os.PathLike, out: str | Path, *, step: int | None 
         raise ExportError(f"--dtype {dtype!r}: use bfloat16 (release) or float32 (exact)")
     if experts not in ("fused", "unfused"):
         raise ExportError(f"--experts {experts!r}: use fused (released layout) or unfused (per-expert tensors)")
+    if os.path.lexists(out) and not os.path.isdir(out):
+        raise ExportError(f"--out {out} is a file, not a directory; pass a directory path (a new one, or an earlier "
+                          f"export to replace), or move the file")
     reader = RunReader(workdir)
     stage, step = reader.resolve_step(stage, step)
     model = reader.abstract_policy()
     tensors = CheckpointTensors.open(reader, stage, step, model)
-    write_hf(model.config, tensors, out, dtype=jnp.dtype(dtype), experts=experts, max_shard_size=max_shard_size,
-             extra_files=extra_files(reader, stage, step, dtype, experts))
+    existed = os.path.isdir(out)
+    try:
+        write_hf(model.config, tensors, out, dtype=jnp.dtype(dtype), experts=experts, max_shard_size=max_shard_size,
+                 extra_files=extra_files(reader, stage, step, dtype, experts))
+    except OSError as error:  # a full disk, a file-size limit, permissions: the swap never happened
+        raise ExportError(write_failure(error, out, existed)) from None
     return Path(out)
+
+
+def write_failure(error: OSError, out: str | Path, existed: bool) -> str:
+    """The one-line message of an export whose write failed: the OS error, its fix, and what `out` holds now (the
+    atomic swap never ran, so the old export or nothing)."""
+    name = errno.errorcode.get(error.errno, "")
+    fix = FIXES.get(name, "fix the cause and export again")
+    where = f" ({error.filename})" if error.filename else ""
+    kept = f"the export that was in {out} is unchanged" if existed else f"{out} was not created"
+    return f"writing the export to {out} failed: {error.strerror or error}{where}; {fix}; {kept}"
 
 
 def extra_files(reader: RunReader, stage: str, step: int, dtype: str, experts: str) -> dict[str, str | Path]:
@@ -87,12 +113,10 @@ def main(argv=None) -> None:
     parser.add_argument("--stage", choices=stages(), default=None, help="which policy (default: the run's pipeline)")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--experts", choices=("fused", "unfused"), default="fused")
+    cli_errors.add_debug_flag(parser)
     args = parser.parse_args(argv)
-    try:
-        out = export_run(args.workdir, args.out, step=args.step, stage=args.stage, dtype=args.dtype,
-                         experts=args.experts)
-    except RunReadError as error:
-        parser.exit(2, f"mercury_jax.export: error: {error}\n")
+    out = cli_errors.run_entry_point(lambda: export_run(args.workdir, args.out, step=args.step, stage=args.stage,
+                                                        dtype=args.dtype, experts=args.experts), argv)
     print(f"exported {args.workdir} -> {out}", flush=True)
 
 

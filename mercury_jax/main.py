@@ -2,11 +2,16 @@
 
 Reads an ml_collections config (variants after `:`, overrides with `--config.key=value`), checks it before any
 work starts, initialises multi-host JAX when running on a pod, logs versions and devices, and runs the pipeline
-named by `config.pipeline`. A missing or unloadable config file, an override of the wrong type, a config that fails
-validation and a workdir that cannot be a directory each end the run with one `error:` line on stderr (exit 1)
-before any work. A rerun with the same `--workdir` resumes from its last checkpoint, refusing a config
-that differs from the workdir's in a field that changes shapes or data (`--resume_force_config` overrides). A
-SIGTERM checkpoints the step in progress and exits with status 143 (`runs/preemption.py`).
+named by `config.pipeline`. A rerun with the same `--workdir` resumes from its last checkpoint, refusing a config
+that differs from the workdir's in a field that changes shapes or data, and an SFT corpus (`sft.data`) whose files
+changed since the run started (`--resume_force_config` overrides both).
+
+Exit codes (`cli_errors.py`, docs/DESIGN.md "Exit codes"): 0 done; 2 refused, with one `error:` line on stderr that
+names the problem and the fix (a missing or unloadable config file, an override of the wrong type, a config that
+fails validation, a workdir that cannot be a directory or is in use, a resume that differs, a corpus or checkpoint
+that cannot be read, ...; `--debug` or MERCURY_DEBUG=1 adds the traceback); 1 a bug (its traceback); 75 a lost peer
+of a multi-process run (`parallel/peer_watch.py`); 143 SIGTERM, after checkpointing the step in progress
+(`runs/preemption.py`).
 """
 from __future__ import annotations
 
@@ -16,26 +21,21 @@ import sys
 import time
 from pathlib import Path
 
+import flax
+import jax
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from mercury_jax import cli_errors
+from mercury_jax.config.registry import pipeline
+from mercury_jax.config.validate import ConfigError, validate_config
 from mercury_jax.parallel import distributed, peer_watch
-
-# Multi-process JAX starts before any import that may touch a device (bm25s compiles a jax function when imported)
-# or the config file's own imports: N processes on one machine from JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES /
-# JAX_PROCESS_ID (gloo collectives on CPU), or on a pod (`--multihost`, or a TPU pod's environment) by JAX's own
-# detection.
-MULTIHOST_STARTED = distributed.initialize_for_main(sys.argv)
-
-import flax  # noqa: E402
-import jax  # noqa: E402
-from absl import app, flags, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from mercury_jax.config.registry import pipeline  # noqa: E402
-from mercury_jax.config.validate import ConfigError, validate_config  # noqa: E402
-from mercury_jax.runs import preemption  # noqa: E402  (SIGTERM: checkpoint the current step, then exit 143)
-from mercury_jax.runs.environment import record_environment  # noqa: E402  (package versions of each start)
-from mercury_jax.runs.resume import check_run_config  # noqa: E402  (a rerun resumes: it must be the same run)
-from mercury_jax.runs.run_guard import run_guard  # noqa: E402  (the workdir lock and the peer watch)
-from mercury_jax.runs.rundir import RunDir, is_local  # noqa: E402
+from mercury_jax.runs import preemption  # SIGTERM: checkpoint the current step, then exit 143
+from mercury_jax.runs.environment import record_environment  # package versions of each start
+from mercury_jax.runs.resume import check_corpus, check_run_config  # a rerun resumes: it must be the same run
+from mercury_jax.runs.run_guard import run_guard  # the workdir lock and the peer watch
+from mercury_jax.runs.rundir import RunDir, is_local
+from mercury_jax.uris import RemotePathError, check_remote
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file, e.g. experiments/sao.py:tiny",
                                           lock_config=True)
@@ -48,10 +48,17 @@ flags.DEFINE_float(  # read by peer_watch.timeout_from_argv (before absl, for JA
 _RESUME_FORCE_CONFIG = flags.DEFINE_bool(
     "resume_force_config", False, "resume a workdir even though its config.json differs from this config in fields "
     "that change shapes or data (model, tokenizer, world, seed, ...: each pipeline's resume fields, "
-    "config/registry.py)")
+    "config/registry.py), or whose SFT corpus files changed since it started")
+flags.DEFINE_bool("debug", False, "print the traceback of a refused run above its error line (also "
+                  f"{cli_errors.DEBUG_ENV}=1)")
 
 
 def main(argv):
+    # Multi-process JAX starts before anything touches a device (importing this module does not: JAX's backends
+    # start lazily, and no module imported above runs a jax computation): N processes on one machine from
+    # JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID (gloo collectives on CPU), or on a pod
+    # (`--multihost`, or a TPU pod's environment) by JAX's own detection.
+    multihost = distributed.initialize_for_main(sys.argv)
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; options go after --config / --workdir")
     if not flags.FLAGS["verbosity"].present:  # library INFO chatter (Orbax) drowns the progress lines
@@ -71,13 +78,14 @@ def main(argv):
           f"jax {jax.__version__}, flax {flax.__version__}, backend {jax.default_backend()}, {jax.device_count()} "
           f"devices ({jax.local_device_count()} local), process {jax.process_index()}/{jax.process_count()}",
           flush=True)
-    if MULTIHOST_STARTED:
-        print(f"multi-process JAX ({MULTIHOST_STARTED}): this is process {jax.process_index()} of "
+    if multihost:
+        print(f"multi-process JAX ({multihost}): this is process {jax.process_index()} of "
               f"{jax.process_count()}; process 0 writes the run's files, every process its checkpoint shards",
               flush=True)
     # one run per workdir (a lock); on several processes, a lost peer stops every other one with a message
     with run_guard(run, sys.argv, peer_timeout_s=peer_watch.timeout_from_argv(sys.argv)):
         check_run_config(run, config, force=_RESUME_FORCE_CONFIG.value)
+        check_corpus(run, config, force=_RESUME_FORCE_CONFIG.value)  # sft.data: the same files as at the start
         run.write_config(config)  # lets `mercury_jax.export` and the sweep rebuild the model
         record_environment(run)
         preemption.install()
@@ -86,7 +94,12 @@ def main(argv):
 
 def _check_workdir(workdir: str) -> None:
     """A local `--workdir` that is a file, or that cannot be created or written, ends the run in one line before
-    any work (RunDir.make would raise a traceback). Remote URIs are left to RunDir.make."""
+    any work (RunDir.make would raise a traceback), and so does a remote URI with `..` or whose filesystem package
+    is missing (gcsfs for gs://); the rest of a remote URI is left to RunDir.make."""
+    try:
+        check_remote(workdir, "--workdir")
+    except RemotePathError as error:
+        raise SystemExit(f"error: {error}") from None
     try:
         root = RunDir(workdir).root
     except ValueError as error:  # a relative file:// URI
@@ -176,4 +189,4 @@ def _last_line(error: BaseException) -> str:
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    app.run(main, flags_parser=_parse_flags)
+    cli_errors.run_entry_point(lambda: app.run(main, flags_parser=_parse_flags))

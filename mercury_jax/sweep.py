@@ -4,17 +4,18 @@ the checkpoint the released rule selects (docs/ALGORITHMS.md, pipeline 2, "Check
     python -m mercury_jax.sweep --workdir runs/grpo [--steps 0,20,40] [--num-tasks 256] [--seed S] \
         [--alpha 0.05] [--confidence 0.95] [--out DIR] [--recompute]
 
-`--workdir` is a local path, a `file:///abs/path` URL or a `gs://` URI (read through `runs/run_reader.py`). For each
-checkpoint `WORKDIR/grpo/checkpoints/STEP` (ascending; step 0 is the starting SFT policy and is always evaluated)
-the policy runs one full tool episode per held-out task (`world_tasks(config.world, "eval")`, the first
-`--num-tasks`) with the run's rollout budgets and sampling, on the run's rollout layout (`train/checkpoint_engine.py`):
-with `rollout.replica` (the released runs), replicas of that shape over every device of every process, each
-checkpoint restored straight into their layout in `rollout.param_dtype` (no host copy of the whole model); else one
-engine on the first device. One engine serves every checkpoint (compiled once; new weights between checkpoints),
-and every checkpoint sees the same tasks in the same order with the same sampling seed, so episode i of every
-checkpoint draws the same random numbers and the outcomes are paired task by task. Run it on every process of a pod
-at once, like the trainers (`python -m mercury_jax.sweep --workdir gs://...` on each host): the episodes spread over
-the hosts' replicas, and process 0 writes the outputs.
+`--workdir` is a local path, a `file:///abs/path` URL or a `gs://` URI (read through `runs/run_reader.py`; gs://
+needs the optional package gcsfs). For each checkpoint `WORKDIR/grpo/checkpoints/STEP` (ascending; step 0 is the
+starting SFT policy and is always evaluated) the policy runs one full tool episode per held-out task
+(`world_tasks(config.world, "eval")`, the first `--num-tasks`) with the run's rollout budgets and sampling, on the
+run's rollout layout (`train/checkpoint_engine.py`): with `rollout.replica` (the released runs), replicas of that
+shape over every device of every process, each checkpoint restored straight into their layout in
+`rollout.param_dtype` (no host copy of the whole model); else one engine on the first device. One engine serves
+every checkpoint (compiled once; new weights between checkpoints), and every checkpoint sees the same tasks in the
+same order with the same sampling seed, so episode i of every checkpoint draws the same random numbers and the
+outcomes are paired task by task. Run it on every process of a pod at once, like the trainers (`python -m
+mercury_jax.sweep --workdir gs://...` on each host): the episodes spread over the hosts' replicas, and process 0
+writes the outputs.
 
 Per checkpoint (`evaluation/table.py`): accuracy and post-answer over-search rate with Wilson intervals and exact
 McNemar p-values against step 0 (two-sided for accuracy, one-sided "lower" for over-search), and tool calls per
@@ -24,34 +25,33 @@ indistinguishable from step 0 while its over-search is significantly lower, else
 Outputs in `--out` (default `WORKDIR/sweep/`): `sweep.json` (every record with its per-task outcomes, the
 selection and its reason, the evaluation setup), `frontier.png`, and `outcomes/STEP.json` for each evaluated
 checkpoint, reused by a rerun with the same setup (tasks, seed, budgets, sampling) unless `--recompute`.
+
+Exit codes (`cli_errors.py`): 0 done; 2 refused (no such run or checkpoint, a run that is not pivot GRPO, a wrong
+argument, a damaged checkpoint...), one `error:` line on stderr (`--debug` or MERCURY_DEBUG=1 adds the traceback);
+1 a bug, with its traceback.
 """
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import json
+import os
 import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TextIO
 
-from mercury_jax.parallel import distributed
+import jax
+import numpy as np
+from absl import logging
+from etils import epath
+from jax.experimental import multihost_utils
 
-if __name__ == "__main__":  # multi-process JAX before anything touches a device (as mercury_jax.main does)
-    distributed.initialize_for_main(sys.argv)
-
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import TextIO  # noqa: E402
-
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from absl import logging  # noqa: E402
-from etils import epath  # noqa: E402
-from jax.experimental import multihost_utils  # noqa: E402
-
-from mercury_jax.config.world import world_tasks  # noqa: E402
-from mercury_jax.evaluation import (  # noqa: E402
+from mercury_jax import cli_errors
+from mercury_jax.config.world import world_tasks
+from mercury_jax.evaluation import (
     EpisodeOutcomes,
     checkpoint_record,
     format_table,
@@ -59,12 +59,13 @@ from mercury_jax.evaluation import (  # noqa: E402
     plot_frontier,
     select_checkpoint,
 )
-from mercury_jax.evaluation.selection import START_STEP  # noqa: E402
-from mercury_jax.parallel.distributed import is_primary  # noqa: E402
-from mercury_jax.rollout.engine import Engine  # noqa: E402
-from mercury_jax.runs.run_reader import EVAL_SEED_OFFSET, RunReader, RunReadError, eval_seed  # noqa: E402
-from mercury_jax.runs.rundir import as_path, is_local, write_atomically  # noqa: E402
-from mercury_jax.train.checkpoint_engine import CheckpointEngine  # noqa: E402
+from mercury_jax.evaluation.selection import START_STEP
+from mercury_jax.parallel import distributed
+from mercury_jax.parallel.distributed import is_primary
+from mercury_jax.rollout.engine import Engine
+from mercury_jax.runs.run_reader import EVAL_SEED_OFFSET, RunReader, RunReadError, eval_seed
+from mercury_jax.runs.rundir import as_path, is_local, write_atomically
+from mercury_jax.train.checkpoint_engine import CheckpointEngine
 
 STAGE = "grpo"
 ROLLOUT_FIELDS = ("max_tool_turns", "max_total_tokens", "max_turn_tokens", "temperature", "top_p", "num_slots")
@@ -254,8 +255,11 @@ def _parse_steps(text: str) -> list[int]:
 
 
 def main(argv=None) -> None:
+    """The command line (module docstring); exit codes in `cli_errors.py` (2: one `error:` line)."""
+    cli_errors.run_entry_point(lambda: _main(argv), argv, extra=(SweepError,))
 
 
+def _main(argv) -> None:
     parser = argparse.ArgumentParser(prog="python -m mercury_jax.sweep", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", required=True, help="the pivot-GRPO run directory (config.json, grpo/checkpoints)")
     parser.add_argument("--steps", default=None, help="comma-separated steps (default: every checkpoint; 0 always)")
@@ -266,14 +270,13 @@ def main(argv=None) -> None:
     parser.add_argument("--confidence", type=float, default=0.95, help="level of the reported intervals")
     parser.add_argument("--out", default=None, help="output directory (default: WORKDIR/sweep)")
     parser.add_argument("--recompute", action="store_true", help="rerun every checkpoint's episodes (no reuse)")
+    cli_errors.add_debug_flag(parser)
     args = parser.parse_args(argv)
+    # multi-process JAX (every host of a pod runs the sweep) before anything touches a device
+    distributed.initialize_for_main(sys.argv if argv is None else ["sweep", *argv])
     logging.set_verbosity(logging.WARNING)  # Orbax's INFO lines would drown the progress lines
-    try:
-        run_sweep(args.workdir, steps=None if args.steps is None else _parse_steps(args.steps),
-                  num_tasks=args.num_tasks, seed=args.seed, alpha=args.alpha, confidence=args.confidence,
-                  out=args.out, recompute=args.recompute)
-    except (SweepError, RunReadError) as error:
-        parser.exit(2, f"mercury_jax.sweep: error: {error}\n")
+    run_sweep(args.workdir, steps=None if args.steps is None else _parse_steps(args.steps), num_tasks=args.num_tasks,
+              seed=args.seed, alpha=args.alpha, confidence=args.confidence, out=args.out, recompute=args.recompute)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
-"""`python -m mercury_jax.main` ends a run that cannot start in one `error:` line on stderr and a non-zero exit,
-before any work: a missing config file, an override of the wrong type, a config that fails validation, a workdir
-that is a file or cannot be created. In process through `_parse_flags` / `main` (the module is slow to start as a
-subprocess), and once end to end."""
+"""`python -m mercury_jax.main` ends a run that cannot start in one `error:` line on stderr and exit status 2
+(`cli_errors.EXIT_REFUSED`), before any work: a missing config file, an override of the wrong type, a config that
+fails validation, a workdir that is a file or cannot be created. In process through `_parse_flags` / `main` (the
+module is slow to start as a subprocess), and once end to end."""
 from __future__ import annotations
 
 import os
@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _refusal(call) -> str:
-    """The message `call` exits with: one `error:` line (SystemExit with a text code exits 1, printing it)."""
+    """The message `call` exits with: one `error:` line (a SystemExit with a text code; the entry point's
+    `cli_errors.run_entry_point` prints it and exits 2)."""
     with pytest.raises(SystemExit) as exited:
         call()
     message = exited.value.code
@@ -82,6 +83,6 @@ def test_end_to_end_the_refusal_is_the_only_line_on_stderr(tmp_path):
     result = subprocess.run([sys.executable, "-m", "mercury_jax.main", "--config", "experiments/sft.py:tiny",
                              "--workdir", str(tmp_path / "file")], cwd=REPO, capture_output=True, text=True,
                             timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stderr.splitlines() == [f"error: --workdir {tmp_path / 'file'} is a file, not a directory; pass a "
                                           f"directory (a new one, or a run's to resume it)"], result.stderr[-3000:]

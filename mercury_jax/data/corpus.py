@@ -6,6 +6,8 @@ object a line) or ArrayRecord (one JSON object a record); or the in-memory chats
 
 Record i is the i-th of the files in sorted order. A JSONL file is indexed by byte offset once (an int64 a record;
 blank lines are not records) and each read seeks to its line, so a source pickles cheaply into grain workers.
+A corpus that cannot be read as it is (no file, no record, a damaged ArrayRecord file, a `gs://` path without
+gcsfs) raises a `CorpusError` naming the file and the fix.
 """
 from __future__ import annotations
 
@@ -18,14 +20,25 @@ import grain
 import numpy as np
 from etils import epath
 
+from mercury_jax.uris import check_remote
+
 JSONL_SUFFIXES = (".jsonl", ".json")
 ARRAY_RECORD_SUFFIXES = (".array_record", ".arrayrecord")
+
+
+class CorpusError(ValueError):
+    """An SFT corpus that cannot be read as it is; the message names the file and the fix."""
+
+
+class CorpusNotFound(CorpusError, FileNotFoundError):
+    """`sft.data` names no file."""
 
 
 def corpus_files(spec: str) -> list[str]:
     """The files of `spec`: comma-separated files, globs or directories (every JSONL / ArrayRecord file inside)."""
     files: list[str] = []
     for part in (p.strip() for p in spec.split(",") if p.strip()):
+        check_remote(part, "sft.data")
         if any(ch in part for ch in "*?["):
             root, pattern = _split_glob(part)
             matched = sorted(str(p) for p in epath.Path(root).glob(pattern))
@@ -35,8 +48,8 @@ def corpus_files(spec: str) -> list[str]:
         else:
             matched = [part] if epath.Path(part).exists() else []
         if not matched:
-            raise FileNotFoundError(f"sft.data {part!r} names no file; give JSONL or ArrayRecord files, a glob or a "
-                                    f"directory holding them (docs/DATA.md)")
+            raise CorpusNotFound(f"sft.data {part!r} names no file; give JSONL or ArrayRecord files, a glob or a "
+                                 f"directory holding them (docs/DATA.md)")
         files += matched
     return files
 
@@ -83,8 +96,8 @@ class ArrayRecordCorpus:
 
     def __init__(self, files: Sequence[str]):
         self.files = list(files)
+        counts = [len(_array_record_source(name)) for name in self.files]  # each file checked on its own first
         self.source = grain.sources.ArrayRecordDataSource(self.files)
-        counts = [len(grain.sources.ArrayRecordDataSource([name])) for name in self.files]
         self.starts = np.cumsum([0] + counts).tolist()
 
     def __len__(self) -> int:
@@ -92,7 +105,28 @@ class ArrayRecordCorpus:
 
     def __getitem__(self, index: int) -> tuple[int, bytes, str]:
         k = bisect.bisect_right(self.starts, index) - 1
-        return index, self.source[index], f"{self.files[k]} record {index - self.starts[k]}"
+        where = f"{self.files[k]} record {index - self.starts[k]}"
+        try:
+            return index, self.source[index], where
+        except Exception as error:  # noqa: BLE001 - array_record reports a damaged chunk as a bare RuntimeError
+            raise CorpusError(f"{where} cannot be read ({_reason(error)}): the ArrayRecord file is damaged; rewrite "
+                              f"it (python -m mercury_jax.data.to_array_record) or leave it out of sft.data") from None
+
+
+def _array_record_source(name: str):
+    """grain's source over one ArrayRecord file; CorpusError naming the file when its index cannot be read (a
+    truncated file, not an ArrayRecord file)."""
+    try:
+        return grain.sources.ArrayRecordDataSource([name])
+    except Exception as error:  # noqa: BLE001 - array_record raises bare RuntimeErrors, some without a message
+        raise CorpusError(f"{name} is not a readable ArrayRecord file ({_reason(error)}): it is truncated or "
+                          f"damaged; rewrite it (python -m mercury_jax.data.to_array_record) or leave it out of "
+                          f"sft.data") from None
+
+
+def _reason(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else f"{type(error).__name__} without a message"
 
 
 class InMemoryCorpus:
@@ -118,8 +152,10 @@ def chat_corpus(spec: str):
     elif kinds == {"array_record"}:
         corpus = ArrayRecordCorpus(files)
     else:
-        raise ValueError(f"sft.data {spec!r} holds {sorted(kinds)}; a corpus is JSONL files (.jsonl) or ArrayRecord "
-                         f"files (.array_record), one kind (docs/DATA.md)")
+        raise CorpusError(f"sft.data {spec!r} holds {sorted(kinds)}; a corpus is JSONL files (.jsonl) or "
+                          f"ArrayRecord files (.array_record), one kind (docs/DATA.md)")
     if len(corpus) == 0:
-        raise ValueError(f"sft.data {spec!r} holds no record ({len(files)} empty files)")
+        raise CorpusError(f"sft.data {spec!r} holds no record ({', '.join(files)}: "
+                          f"{'empty' if len(files) == 1 else 'all empty'}); give a corpus with at least one chat "
+                          f"record (docs/DATA.md \"Record format\")")
     return corpus

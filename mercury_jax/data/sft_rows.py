@@ -6,7 +6,8 @@
     pack    FirstFitPackIterDataset          rows of `row_length` with segment ids 1, 2, ... (0: padding), first
                                              fit over `packing_bins` open rows
     batch   .batch(rows_per_shard)           this shard's rows of one learner step
-    workers .mp_prefetch(num_workers)        render and pack in grain worker processes (0: in this process)
+    workers .mp_prefetch(num_workers)        render and pack in grain worker processes (0: in this process); a
+                                             worker exits when its trainer is gone (`exit_with_parent`)
 
 A shard's rows of step s depend only on (corpus, seed, shard, shards, row_length, packing_bins, workers): not on
 the process count or on which process reads it, so a run on 2 processes trains on the same batches as on one.
@@ -14,6 +15,10 @@ the process count or on which process reads it, so a run on 2 processes trains o
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
+import threading
+import time
 from typing import Any
 
 import grain
@@ -94,5 +99,26 @@ def shard_rows(corpus, tokenizer, spec: RowSpec, shard: int) -> grain.IterDatase
     if spec.workers:
         if not flags.FLAGS.is_parsed():  # grain's workers read absl flags; a library caller (tests, benches) has none
             flags.FLAGS.mark_as_parsed()
-        steps = steps.mp_prefetch(grain.MultiprocessingOptions(num_workers=spec.workers))
+        steps = steps.mp_prefetch(grain.MultiprocessingOptions(num_workers=spec.workers),
+                                  worker_init_fn=exit_with_parent)
     return steps
+
+
+PARENT_POLL_S = 0.5  # how often a grain worker looks for its trainer
+
+
+def exit_with_parent(worker_index: int, worker_count: int) -> None:
+    """Run in each grain worker before it reads data: a daemon thread ends the worker once the process that
+    started it is gone. A trainer killed by SIGKILL (the OOM killer's signal) runs no cleanup, and its workers would
+    live on under pid 1, holding memory and shared-memory blocks. A thread that polls the parent pid, not
+    PR_SET_PDEATHSIG: that signal fires when the starting *thread* ends, and grain starts workers from a pool."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        print(f"grain worker {worker_index}/{worker_count}: its trainer (pid {parent}) is gone; exiting",
+              file=sys.stderr, flush=True)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="mercury-parent-watch", daemon=True).start()

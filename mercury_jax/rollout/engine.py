@@ -108,6 +108,17 @@ class Scheduling:
                              "'request' (between requests: no request mixes versions)")
 
 
+def check_engine_size(**counts) -> None:
+    """ValueError unless each of `counts` (num_slots, max_length, steps_per_sync) is a whole number >= 1. An engine
+    built from the library skips the config checks, and with 0 slots the episode runner would wait forever for a
+    free one."""
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            why = (": with no slot it would run no request, and an episode runner would wait forever for one"
+                   if name == "num_slots" else "")
+            raise ValueError(f"Engine {name}={value!r}: use a whole number >= 1{why}")
+
+
 class Engine:
     """Continuous batching engine. `submit(...)` requests, `run()` until all are done, read `results` / `stats()`.
 
@@ -118,6 +129,7 @@ class Engine:
     def __init__(self, model: nnx.Module, *, num_slots: int, max_length: int, steps_per_sync: int = 8,
                  policy_version: int = 0, mesh: Mesh | None = None, param_dtype=None, hbm_gib: float | None = None,
                  weights=None, **scheduling):
+        check_engine_size(num_slots=num_slots, max_length=max_length, steps_per_sync=steps_per_sync)
         self.scheduling = Scheduling(**scheduling)
         self._pending_weights = None  # (prepared params, version) waiting for the running requests to finish
         self.sampler = Sampler(model, num_slots=num_slots, max_length=max_length, policy_version=policy_version,

@@ -10,6 +10,10 @@ same run.
   new config with the workdir's `config.json` on the fields that change shapes or data (`resume_fields`: the
   common ones and the pipeline's own, registered in `pipelines.py`) and
   refuses a mismatch, naming each field, unless forced.
+- An SFT corpus (`sft.data`) rewritten between a kill and the resume would put other chats under the record ids the
+  checkpoint's data position and `batches.jsonl` hold. `check_corpus` records the corpus's fingerprint
+  (`data/fingerprint.py`: each file's size and modification time) in `WORKDIR/sft_corpus.json` when the run starts,
+  and refuses a resume whose files differ from it, naming each, unless forced.
 """
 from __future__ import annotations
 
@@ -17,8 +21,9 @@ import json
 import os
 import warnings
 
-from mercury_jax.config.defaults import DEFAULTS
+from mercury_jax.config.defaults import DEFAULTS, setting
 from mercury_jax.config.registry import COMMON_RESUME_FIELDS, PIPELINES
+from mercury_jax.data.fingerprint import corpus_fingerprint, fingerprint_changes
 from mercury_jax.runs.rundir import RunDir, as_path, write_atomically
 
 
@@ -111,6 +116,30 @@ def check_run_config(workdir: str | os.PathLike, config, *, force: bool = False)
     raise ResumeError(f"{workdir} holds a run whose config differs from this one in fields that change shapes or "
                       f"data: {listed}. Use a new --workdir, restore those fields, or pass --resume_force_config to "
                       f"resume anyway")
+
+
+def check_corpus(workdir: str | os.PathLike, config, *, force: bool = False) -> list[str]:
+    """Compare the files of `config.sft.data` with the fingerprint the run recorded at its start
+    (`RunDir.corpus_fingerprint`); raise `ResumeError` naming each changed file unless `force` (then warn and record
+    the new fingerprint). A run without one (a new run, or one started before fingerprints) records it. Returns the
+    changes; a config without `sft.data` has none."""
+    spec = setting(config.sft, "data") if "sft" in config else None
+    if not spec:
+        return []
+    path = RunDir(workdir).corpus_fingerprint
+    current = corpus_fingerprint(spec)
+    saved = json.loads(path.read_text()) if path.exists() else None
+    changes = [] if saved is None else fingerprint_changes(saved, current)
+    if changes and not force:
+        raise ResumeError(f"{workdir} holds a run whose SFT corpus changed since it started (sft.data {spec!r}): "
+                          f"{'; '.join(changes)}. Resumed, it would read other chats under the record ids of its "
+                          f"checkpoint and batches.jsonl. Restore the corpus, use a new --workdir, or pass "
+                          f"--resume_force_config to resume on the changed corpus")
+    if changes:
+        warnings.warn(f"resuming {workdir} on a changed SFT corpus (forced): {'; '.join(changes)}", stacklevel=2)
+    if saved is None or changes:
+        write_atomically(path, json.dumps(current, indent=1) + "\n")
+    return changes
 
 
 def _flatten(tree, prefix: str = "") -> dict:

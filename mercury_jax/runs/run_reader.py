@@ -29,12 +29,13 @@ from etils import epath
 from flax import nnx
 
 from mercury_jax.chat import SentencePieceTokenizer, qwen35_tokenizer
+from mercury_jax.config.model import build_model, model_runtime, preset_config
+from mercury_jax.config.registry import PIPELINES, stages
 from mercury_jax.runs.checkpoint_faults import describe, named_file
 from mercury_jax.runs.checkpoint_roles import ROLE_ITEM_PREFIX
-from mercury_jax.config.registry import PIPELINES, stages
 from mercury_jax.runs.rundir import RunDir, checkpoint_steps
-from mercury_jax.config.model import build_model, model_runtime
 from models.qwen35_moe import Qwen35MoeConfig, Qwen35MoeForCausalLM
+from models.qwen35_moe.checkpoint_errors import CheckpointError
 
 EVAL_SEED_OFFSET = 1_000_003  # held-out episodes sample from config.seed + this (SAO's evaluations, the sweep)
 TOKENIZER_CACHE = Path.home() / ".cache" / "mercury_jax" / "run_tokenizers"  # remote runs' SentencePiece models
@@ -121,8 +122,17 @@ class RunReader:
         if kind == "qwen35":
             return qwen35_tokenizer()
         if kind == "sentencepiece":
-            return SentencePieceTokenizer(self.tokenizer_file())
+            return self._sentencepiece(self.tokenizer_file())
         raise RunReadError(f"tokenizer.kind {kind!r} is not 'qwen35' or 'sentencepiece'")
+
+    def _sentencepiece(self, file: Path) -> SentencePieceTokenizer:
+        try:
+            return SentencePieceTokenizer(file)
+        except Exception as error:  # noqa: BLE001 - sentencepiece reports a damaged model as a bare RuntimeError
+            reason = " ".join(str(error).replace(f" from {file}", "").split())
+            raise RunReadError(f"the run's SentencePiece model {file} cannot be read ({reason}): it is damaged or not "
+                               f"a SentencePiece model; restore it from a copy of the run directory (the "
+                               f"checkpoints' token ids mean something only with this model)") from None
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def checkpoints(self, stage: str) -> epath.Path:
@@ -176,9 +186,18 @@ class RunReader:
             if not config_file.exists():
                 raise RunReadError(f"the run started from model.hf_path {model_cfg.hf_path}, whose config.json is "
                                    f"not here; copy that checkpoint's config.json to {config_file}")
-            cfg = Qwen35MoeConfig.from_hf(config_file, param_dtype="float32", **model_runtime(model_cfg))
+            try:
+                cfg = Qwen35MoeConfig.from_hf(config_file, param_dtype="float32", **model_runtime(model_cfg))
+            except CheckpointError as error:  # checked field by field before anything is derived or allocated
+                raise RunReadError(f"{config_file} (the run's model.hf_path) describes no model: {error}; restore "
+                                   f"the config.json of the checkpoint the run started from") from None
             return nnx.eval_shape(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0)))
         vocab_size = self.tokenizer().vocab_size
+        try:
+            preset_config(model_cfg, vocab_size)  # the model config's own checks, before any shape is built
+        except ValueError as error:
+            raise RunReadError(f"{os.fspath(self.run.config)} describes no model ({error}); restore the config.json "
+                               f"the run wrote at its start (model.preset, model.overrides)") from None
         return nnx.eval_shape(lambda: build_model(model_cfg, vocab_size, self.config.seed))
 
     def restore_policy(self, stage: str | None = None, step: int | None = None, *, shardings=None, dtype=None):

@@ -4,6 +4,7 @@
     WORKDIR/environment.json         Python, backend and package versions of every start
     WORKDIR/tokenizer/               the SentencePiece model a tiny run trains (Qwen3.5 runs ship none)
     WORKDIR/sft_summary.json         the warm start's final loss
+    WORKDIR/sft_corpus.json          the SFT corpus's files, sizes and times at the start (a resume compares them)
     WORKDIR/STAGE/checkpoints/STEP   Orbax checkpoints of a stage (a pipeline's name: config/registry.py)
     WORKDIR/STAGE/STAGE_metrics.jsonl  one line per logged step; STAGE_curves.png its plot
     WORKDIR/STAGE/tensorboard/STAGE  TensorBoard scalars (local run directories only)
@@ -26,9 +27,10 @@ from pathlib import Path
 import ml_collections
 from etils import epath
 
+from mercury_jax.config.registry import stages
 from mercury_jax.parallel.distributed import is_primary
 from mercury_jax.runs.checkpoint_roles import is_arrays_item
-from mercury_jax.config.registry import stages
+from mercury_jax.uris import check_remote
 
 
 def checkpoint_steps(checkpoint_dir: str | os.PathLike) -> list[int]:
@@ -43,8 +45,10 @@ def checkpoint_steps(checkpoint_dir: str | os.PathLike) -> list[int]:
 
 
 def as_path(location: str | os.PathLike) -> epath.Path:
-    """An epath for a local path, a `file://` URI (taken as the local path) or a remote URI (`gs://...`)."""
+    """An epath for a local path, a `file://` URI (taken as the local path) or a remote URI (`gs://...`; a
+    `RemotePathError` when it holds `..` or needs a package that is missing: `uris.check_remote`)."""
     text = os.fspath(location)
+    check_remote(text, "run directory")
     if text.startswith("file://"):
         text = text[len("file://"):]
         if not text.startswith("/"):
@@ -94,6 +98,7 @@ class RunDir:
         self.config, self.environment = self.root / "config.json", self.root / "environment.json"
         self.tokenizer, self.sft_summary, self.sweep = (self.root / "tokenizer", self.root / "sft_summary.json",
                                                         self.root / "sweep")
+        self.corpus_fingerprint = self.root / "sft_corpus.json"
 
     def __repr__(self) -> str:
         return f"RunDir({os.fspath(self.root)!r})"

@@ -12,8 +12,6 @@ import inspect
 import logging
 import re
 
-import bm25s
-
 from mercury_jax.envs.enterprise.toolkit import ToolError
 
 PAGE_HEADER = re.compile(r"^\[page (p\d+)\]")
@@ -22,7 +20,9 @@ PAGE_HEADER = re.compile(r"^\[page (p\d+)\]")
 class BrowseIndex:
     """A BM25 index over a corpus's pages (title weighted twice), built once per episode."""
     def __init__(self, corpus: dict):
-
+        # importing bm25s runs a jax function, which starts JAX's backend: imported here, so that importing this
+        # module (every entry point does) leaves `jax.distributed.initialize` possible until `main()` calls it
+        import bm25s  # noqa: PLC0415
 
         logging.getLogger("bm25s").setLevel(logging.WARNING)
         self.pages = corpus["pages"]
