@@ -38,7 +38,7 @@ def check_remote(location: str | os.PathLike, what: str = "path") -> None:
                               f"them as written); write it out, e.g. {scheme}://{_normalised(segments)}")
     missing = _missing_package(scheme)
     if missing:
-        raise RemotePathError(f"{what} {text}: reading {scheme}:// needs the optional package {missing}, which is "
+        raise RemotePathError(f"{what} {text}: {scheme}:// paths need the optional package {missing}, which is "
                               f"not installed; run `pip install {missing}` (and authenticate, e.g. `gcloud auth "
                               f"application-default login`), or use a local path")
 

@@ -34,11 +34,12 @@ class CorpusNotFound(CorpusError, FileNotFoundError):
     """`sft.data` names no file."""
 
 
-def corpus_files(spec: str) -> list[str]:
-    """The files of `spec`: comma-separated files, globs or directories (every JSONL / ArrayRecord file inside)."""
+def corpus_files(spec: str, what: str = "sft.data") -> list[str]:
+    """The files of `spec`: comma-separated files, globs or directories (every JSONL / ArrayRecord file inside).
+    `what` names `spec` in the errors (the config field, or a tool's flag)."""
     files: list[str] = []
     for part in (p.strip() for p in spec.split(",") if p.strip()):
-        check_remote(part, "sft.data")
+        check_remote(part, what)
         if any(ch in part for ch in "*?["):
             root, pattern = _split_glob(part)
             matched = sorted(str(p) for p in epath.Path(root).glob(pattern))
@@ -48,7 +49,7 @@ def corpus_files(spec: str) -> list[str]:
         else:
             matched = [part] if epath.Path(part).exists() else []
         if not matched:
-            raise CorpusNotFound(f"sft.data {part!r} names no file; give JSONL or ArrayRecord files, a glob or a "
+            raise CorpusNotFound(f"{what} {part!r} names no file; give JSONL or ArrayRecord files, a glob or a "
                                  f"directory holding them (docs/DATA.md)")
         files += matched
     return files
