@@ -99,7 +99,8 @@ def differing_fields(saved: dict, current: dict, fields: tuple[str, ...] | None 
 def check_run_config(workdir: str | os.PathLike, config, *, force: bool = False) -> dict:
     """Compare `config` (a ConfigDict) with `workdir/config.json` when the workdir holds an earlier run; raise
     `ResumeError` naming the differing `resume_fields` unless `force` (then warn). Returns the differences."""
-    path = RunDir(workdir).config
+    run = RunDir(workdir)
+    path, workdir = run.config, os.fspath(run.root)
     if not path.exists():
         return {}
     saved = json.loads(path.read_text())
@@ -126,7 +127,8 @@ def check_corpus(workdir: str | os.PathLike, config, *, force: bool = False) -> 
     spec = setting(config.sft, "data") if "sft" in config else None
     if not spec:
         return []
-    path = RunDir(workdir).corpus_fingerprint
+    run = RunDir(workdir)
+    path, workdir = run.corpus_fingerprint, os.fspath(run.root)
     current = corpus_fingerprint(spec)
     saved = json.loads(path.read_text()) if path.exists() else None
     changes = [] if saved is None else fingerprint_changes(saved, current)
