@@ -85,9 +85,11 @@ def constrain(x: jax.Array, logical_axes: tuple, rules=DEFAULT_RULES) -> jax.Arr
 
 
 def _variable_axes(path, variable) -> tuple:
+    """The variable's dims by logical name, as the model wrote them (metadata `logical_axes`; none: replicated)."""
     axes = tuple(variable.get_metadata().get("logical_axes", (None,) * variable.ndim))
-    if "blocks" in path and len(axes) == variable.ndim - 1:
-        axes = ("layers",) + axes
+    if len(axes) != variable.ndim:
+        raise ValueError(f"the variable at {'/'.join(map(str, path))} has shape {variable.shape} but logical axes "
+                         f"{axes}; the model must name every dim (a stacked axis too: params.LAYERS)")
     return axes
 
 

@@ -10,7 +10,8 @@ and its decode state (`Sampler.init_state`) is sharded with them:
     GDN state            [B, Hv, Dk, Dv]    slots over (data, fsdp, expert), value heads over tensor
     per-slot fields      [B, ...]           slots over (data, fsdp, expert)
 
-(leaves under cache["blocks"] carry a leading, unsplit layers axis). A dim the axes do not divide stays whole, as
+(leaves under cache["blocks"] carry a leading, unsplit layers axis; the model names each cache leaf's dims:
+`models/qwen35_moe/cache.py`). A dim the axes do not divide stays whole, as
 for parameters (`parallel.logical_partition_spec`). The 35B-A3B model's 2 kv heads do not divide tensor=4, so its
 K/V split by position (each chip holds a quarter of every slot's sequence) and the cached attention combines the
 chips' partial softmaxes (models/qwen35_moe/split_kv_attention.py).
@@ -26,28 +27,15 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from mercury_jax.parallel import logical_partition_spec, make_mesh, param_shardings
-from models.qwen35_moe.split_kv_attention import kv_cache_axes
-
-SLOTS = "activation_batch"  # the slot dim shards like the rows of a batch: over (data, fsdp, expert)
-CACHE_AXES: Mapping[str, tuple] = {
-    "k": (SLOTS, None, "kv_heads", "head_dim"),
-    "v": (SLOTS, None, "kv_heads", "head_dim"),
-    "conv_q": (SLOTS, None, "linear_key_heads", "linear_head_dim"),
-    "conv_k": (SLOTS, None, "linear_key_heads", "linear_head_dim"),
-    "conv_v": (SLOTS, None, "linear_value_heads", "linear_head_dim"),
-    "state": (SLOTS, "linear_value_heads", "linear_head_dim", "linear_head_dim"),
-}
+from models.qwen35_moe.cache import SLOTS, cache_logical_axes
 
 
 def state_logical_axes(path, leaf, mesh: Mesh | None = None) -> tuple:
-    """The logical dim names of a leaf of the sampler state (cache leaves by their key, the rest by slot); K/V
-    leaves by sequence where their heads do not divide `mesh`'s tensor axis (`kv_cache_axes`)."""
+    """The logical dim names of a leaf of the sampler state: cache leaves as the model lays its cache out
+    (`models/qwen35_moe/cache.py:cache_logical_axes`), the other per-slot fields by slot."""
     keys = [getattr(p, "key", None) for p in path]
-    if keys and keys[0] == "cache" and keys[-1] in CACHE_AXES:
-        axes = CACHE_AXES[keys[-1]]
-        if keys[-1] in ("k", "v"):
-            axes = kv_cache_axes(leaf.shape[-2], leaf.shape[-3], mesh)
-        return ("layers", *axes) if "blocks" in keys else axes
+    if keys and keys[0] == "cache":
+        return cache_logical_axes(path[1:], leaf, mesh)
     return (SLOTS,) + (None,) * (leaf.ndim - 1)
 
 

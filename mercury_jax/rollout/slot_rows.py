@@ -17,11 +17,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec
 
 from mercury_jax.rollout.layout import row_shardings, state_shardings
-
-
-def slot_axis(path) -> int:
-    """The batch (slot) axis of a cache leaf: 1 under cache["blocks"] (leading n_blocks axis), else 0."""
-    return 1 if path and getattr(path[0], "key", None) == "blocks" else 0
+from models.qwen35_moe.cache import slot_axis
 
 
 def take_row(cache: dict, slot: jax.Array) -> dict:

@@ -10,10 +10,24 @@ GDN: {"conv_q", "conv_k": [B, W-1, Hk, Dk], "conv_v": [B, W-1, Hv, Dv] (pre-conv
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import jax
 import jax.numpy as jnp
 
 from models.qwen35_moe.config import FULL_ATTENTION, Qwen35MoeConfig
+from models.qwen35_moe.params import LAYERS
+from models.qwen35_moe.split_kv_attention import kv_cache_axes
+
+SLOTS = "activation_batch"  # the slot dim shards like the rows of a batch: over (data, fsdp, expert)
+CACHE_AXES: Mapping[str, tuple] = {  # each cache leaf's dims by logical name, by its key (before a layers axis)
+    "k": (SLOTS, None, "kv_heads", "head_dim"),
+    "v": (SLOTS, None, "kv_heads", "head_dim"),
+    "conv_q": (SLOTS, None, "linear_key_heads", "linear_head_dim"),
+    "conv_k": (SLOTS, None, "linear_key_heads", "linear_head_dim"),
+    "conv_v": (SLOTS, None, "linear_value_heads", "linear_head_dim"),
+    "state": (SLOTS, "linear_value_heads", "linear_head_dim", "linear_head_dim"),
+}
 
 
 def layer_cache(config: Qwen35MoeConfig, layer_type: str, batch_size: int, max_length: int) -> dict:
@@ -44,3 +58,27 @@ def cache_bytes(config: Qwen35MoeConfig, batch_size: int, max_length: int) -> in
     """Memory of a cache, without allocating one."""
     shapes = jax.eval_shape(lambda: init_cache(config, batch_size, max_length))
     return sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(shapes))
+
+
+def _keys(path) -> list:
+    return [getattr(p, "key", None) for p in path]
+
+
+def slot_axis(path) -> int:
+    """The slot (batch) axis of the cache leaf at `path` (from the cache's root): 1 under "blocks" (a leading
+    stacked-layers axis), else 0."""
+    keys = _keys(path)
+    return 1 if keys and keys[0] == "blocks" else 0
+
+
+def cache_logical_axes(path, leaf, mesh=None) -> tuple:
+    """The logical dim names of the cache leaf at `path` (from the cache's root): by its key (`CACHE_AXES`), K/V by
+    position where their heads do not divide `mesh`'s tensor axis (`kv_cache_axes`), behind a layers axis under
+    "blocks"; `positions` and any other per-slot leaf by slot."""
+    keys = _keys(path)
+    if keys[-1:] and keys[-1] in CACHE_AXES:
+        axes = CACHE_AXES[keys[-1]]
+        if keys[-1] in ("k", "v"):
+            axes = kv_cache_axes(leaf.shape[-2], leaf.shape[-3], mesh)
+        return (LAYERS, *axes) if slot_axis(path) == 1 else axes
+    return (SLOTS,) + (None,) * (leaf.ndim - 1)

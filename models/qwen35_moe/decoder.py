@@ -20,6 +20,7 @@ from models.qwen35_moe.gated_deltanet import GatedDeltaNet
 from models.qwen35_moe.moe import SparseMoe
 from models.qwen35_moe.moe_picked import reads_picked_experts
 from models.qwen35_moe.norms import RMSNorm
+from models.qwen35_moe.params import LAYERS
 
 # Named residuals (`checkpoint_name`) a policy may keep: each layer's input, and the MoE's input (the mixer's output
 # added to the residual stream). "full" keeps nothing inside a block: the backward pass recomputes the whole block
@@ -82,14 +83,19 @@ class DecoderBlock(nnx.Module):
 
 def create_block_stack(config: Qwen35MoeConfig, pattern: tuple[str, ...], n_blocks: int,
                        rngs: nnx.Rngs) -> DecoderBlock:
-    """A DecoderBlock whose parameters are n_blocks independent initialisations stacked on axis 0."""
+    """A DecoderBlock whose parameters are n_blocks independent initialisations stacked on axis 0, whose logical
+    name (metadata `logical_axes`) is `LAYERS`."""
     keys = jax.random.split(rngs.params(), n_blocks)
 
     def init_one(key):
         return nnx.split(DecoderBlock(config, pattern, rngs=nnx.Rngs(params=key)))[1]
 
     graphdef = nnx.split(nnx.eval_shape(lambda: DecoderBlock(config, pattern, rngs=nnx.Rngs(params=0))))[0]
-    return nnx.merge(graphdef, jax.vmap(init_one)(keys))
+    blocks = nnx.merge(graphdef, jax.vmap(init_one)(keys))
+    for _, variable in nnx.iter_graph(blocks):  # the stacked axis is named, so a layout never guesses it
+        if isinstance(variable, nnx.Variable) and "logical_axes" in variable.get_metadata():
+            variable.set_metadata(logical_axes=(LAYERS, *variable.get_metadata()["logical_axes"]))
+    return blocks
 
 
 def apply_block_stack(blocks: DecoderBlock, x_BxTxH, *, caches, remat_policy: str, **kwargs):

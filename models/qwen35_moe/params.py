@@ -22,6 +22,8 @@ def normal_init(stddev: float) -> Initializer:
 def constant_init(value: float) -> Initializer:
     return lambda key, shape, dtype: jnp.full(shape, value, dtype)
 
+LAYERS = "layers"  # the logical name of the scanned blocks' stacked axis (parameters and decode caches)
+
 
 def make_param(rngs: nnx.Rngs, init: Initializer, shape: Sequence[int], logical_axes: Sequence[str | None],
                dtype) -> nnx.Param:
