@@ -9,14 +9,16 @@
     sampling.sample_tokens                             temperature / top-k / top-p, recorded log-probs
 """
 from mercury_jax.rollout.engine import Engine, Request, Sample
+from mercury_jax.rollout.episode import EpisodeRunner
+from mercury_jax.rollout.failures import EnvironmentFailure, EpisodeFailure, trainable
 from mercury_jax.rollout.generate import generate
 from mercury_jax.rollout.layout import replica_meshes
+from mercury_jax.rollout.messages import trajectory_from_messages
 from mercury_jax.rollout.replicas import ReplicatedEngine
 from mercury_jax.rollout.sampler import Sampler
 from mercury_jax.rollout.settings import Budgets, EngineSettings, EnvLimits, EpisodeSettings, SamplingParams
-
-__all__ = ["Budgets", "Engine", "EngineSettings", "EnvLimits", "EpisodeSettings", "ReplicatedEngine", "Request",
-           "Sample", "Sampler", "SamplingParams", "generate", "replica_meshes"]
+from mercury_jax.rollout.trajectory import Trajectory, batch_trajectories
+from mercury_jax.rollout.worker import RolloutWorker
 
 # Episodes and the asynchronous worker (issue 6):
 #     EpisodeRunner(engine, tokenizer, EpisodeSettings(budgets=Budgets())).run(tasks) -> list[Trajectory]   MCP episodes
@@ -24,11 +26,8 @@ __all__ = ["Budgets", "Engine", "EngineSettings", "EnvLimits", "EpisodeSettings"
 #         version); .stats(); .stop()
 #     trajectory_from_messages(tokenizer, messages, tools)           -> Trajectory (oracle chats, SFT warm starts)
 #     trainable(trajectories) -> (kept, dropped)    drops episodes an environment failure touched (failures.py)
-from mercury_jax.rollout.episode import EpisodeRunner  # noqa: E402
-from mercury_jax.rollout.failures import EnvironmentFailure, EpisodeFailure, trainable  # noqa: E402
-from mercury_jax.rollout.messages import trajectory_from_messages  # noqa: E402
-from mercury_jax.rollout.trajectory import Trajectory, batch_trajectories  # noqa: E402
-from mercury_jax.rollout.worker import RolloutWorker  # noqa: E402
+__all__ = ["Budgets", "Engine", "EngineSettings", "EnvLimits", "EpisodeSettings", "ReplicatedEngine", "Request",
+           "Sample", "Sampler", "SamplingParams", "generate", "replica_meshes"]
 
 __all__ += ["EnvironmentFailure", "EpisodeFailure", "EpisodeRunner", "RolloutWorker", "Trajectory",
             "batch_trajectories", "trainable", "trajectory_from_messages"]
