@@ -21,10 +21,10 @@ import orbax.checkpoint as ocp
 import pytest
 from etils import epath
 from flax import nnx
+from local_processes import run_reporting_script
 
 from experiments import common
 from mercury_jax.bench.export_rss import directories_identical, export_in_memory
-from mercury_jax.bench.local_processes import run_reporting_script
 from mercury_jax.export import ExportError, export_run, main
 from mercury_jax.runs.checkpoint_tensors import CheckpointTensors, stored_arrays
 from mercury_jax.runs.checkpoints import Checkpointer
@@ -183,7 +183,7 @@ def test_cli_errors_are_one_line_exit_2(run, tmp_path, capsys):
             main([*argv, "--out", str(tmp_path / "out")])
         assert exit_info.value.code == 2
         err = capsys.readouterr().err
-        assert err.startswith("mercury_jax.export: error: ") and len(err.splitlines()) == 1, err
+        assert err.startswith("error: ") and len(err.splitlines()) == 1, err
         assert re.search(message, err), err
     with pytest.raises(ExportError, match="--dtype 'int8'"):
         export_run(run, tmp_path / "out", dtype="int8")
