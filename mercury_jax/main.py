@@ -15,6 +15,7 @@ of a multi-process run (`parallel/peer_watch.py`); 143 SIGTERM, after checkpoint
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sys
@@ -83,7 +84,9 @@ def main(argv):
               f"{jax.process_count()}; process 0 writes the run's files, every process its checkpoint shards",
               flush=True)
     # one run per workdir (a lock); on several processes, a lost peer stops every other one with a message
-    with run_guard(run, sys.argv, peer_timeout_s=peer_watch.timeout_from_argv(sys.argv)):
+    # a multi-process run that fails leaves from inside the guard: it reports as this entry point would
+    report = functools.partial(cli_errors.report, debug=cli_errors.debug_requested())
+    with run_guard(run, sys.argv, peer_timeout_s=peer_watch.timeout_from_argv(sys.argv), report=report):
         check_run_config(run, config, force=_RESUME_FORCE_CONFIG.value)
         check_corpus(run, config, force=_RESUME_FORCE_CONFIG.value)  # sft.data: the same files as at the start
         run.write_config(config)  # lets `mercury_jax.export` and the sweep rebuild the model

@@ -6,6 +6,7 @@ between a kill and the resume, a `gs://` workdir without gcsfs or with `..`. In 
 a subprocess; tests/test_main_cli.py runs it once end to end)."""
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import sys
@@ -18,6 +19,7 @@ from mercury_jax.data.chat_records import BadRecord
 from mercury_jax.data.synthetic import write_corpus
 from mercury_jax.runs.preemption import Preempted
 from mercury_jax.runs.resume import ResumeError, check_corpus
+from mercury_jax.runs.run_guard import _leave_after_failure
 from mercury_jax.runs.rundir import RunDir
 
 
@@ -69,6 +71,23 @@ def test_a_bug_keeps_its_traceback_and_a_preemption_its_status(monkeypatch):
     with pytest.raises(SystemExit) as exited:
         cli_errors.run_entry_point(lambda: (_ for _ in ()).throw(Preempted(step=3, signum=15)))
     assert exited.value.code == cli_errors.EXIT_PREEMPTED == 143 and cli_errors.EXIT_PEER_LOST == 75
+
+
+def test_a_multi_process_run_that_fails_reports_as_the_entry_point_would(capsys):
+    """Inside `run_guard` a failed process of a multi-process run leaves at once (`os._exit`, past the entry
+    point): main hands it `cli_errors.report`, so a resume refused on a pod is one line and status 2 there too."""
+    class Watch:
+        def after_failure(self, error):
+            self.told = error
+
+    report, statuses = functools.partial(cli_errors.report, debug=False), []
+    for error in (ResumeError("the config differs"), SystemExit("error: in use"), Preempted(3, 15), KeyError("x")):
+        watch = Watch()
+        _leave_after_failure(watch, error, report, exit_process=statuses.append)
+        assert watch.told is error
+    assert statuses == [2, 2, 143, 1]
+    # the KeyError never ran, so its "traceback" is the last line alone
+    assert capsys.readouterr().err == "error: the config differs\nerror: in use\nKeyError: 'x'\n"
 
 
 def test_a_multi_line_message_becomes_one_line():

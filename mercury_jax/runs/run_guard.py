@@ -10,7 +10,8 @@
 - On the way out the process records how it ended for its peers ("finished", "preempted" or "failed: ..."), and
   process 0 releases the lock, also when the watch stops it (a killed run leaves the lock behind; the next run takes
   it over as stale). A multi-process run that fails here waits for its peers to leave, then exits without JAX's
-  shutdown barrier (`_leave_after_failure`).
+  shutdown barrier (`_leave_after_failure`), printing the error as `report` says (main's: the project's own errors
+  as one `error:` line, exit 2, as a single process ends; `mercury_jax/cli_errors.py`).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import os
 import shlex
 import sys
 import traceback
+from collections.abc import Callable
 
 import jax
 
@@ -28,8 +30,20 @@ from mercury_jax.runs.preemption import Preempted
 from mercury_jax.runs.rundir import RunDir
 
 
+def print_failure(error: BaseException) -> int:
+    """What a process that failed prints before it leaves (a SystemExit's text, else the traceback); its status."""
+    if isinstance(error, SystemExit):
+        print(error.code, file=sys.stderr)
+    else:
+        traceback.print_exception(error)
+    return 1
+
+
 @contextlib.contextmanager
-def run_guard(run: RunDir, argv: list[str], *, peer_timeout_s: float):
+def run_guard(run: RunDir, argv: list[str], *, peer_timeout_s: float,
+              report: Callable[[BaseException], int] = print_failure):
+    """The lock and the peer watch around a run (module docstring). `report(error)` prints a failure of a
+    multi-process run and returns its exit status (a single process raises it to the entry point instead)."""
     lock = hold_workdir(run)
     watch = peer_watch.start(peer_timeout_s, describe=lambda: f"{run.describe_checkpoints()}. "
                                                               f"Resume on every host with: {resume_command(run, argv)}",
@@ -49,7 +63,7 @@ def run_guard(run: RunDir, argv: list[str], *, peer_timeout_s: float):
             raise
         if lock is not None:
             lock.release()
-        _leave_after_failure(watch, error)
+        _leave_after_failure(watch, error, report)
     else:
         if watch is not None:
             watch.stop("finished")
@@ -58,20 +72,19 @@ def run_guard(run: RunDir, argv: list[str], *, peer_timeout_s: float):
             lock.release()
 
 
-def _leave_after_failure(watch: peer_watch.PeerWatch, error: BaseException) -> None:
+def _leave_after_failure(watch: peer_watch.PeerWatch, error: BaseException, report=print_failure,
+                         exit_process: Callable[[int], None] = os._exit) -> None:
     """A multi-process run that failed here: leave naming a peer whose failure or silence caused this one, else
-    tell the peers (their watches stop them, naming this process and the error), print the error and exit at once,
-    skipping JAX's shutdown barrier at interpreter exit (it would wait for peers that left without it)."""
-    code = 1
-    if isinstance(error, SystemExit):
+    tell the peers (their watches stop them, naming this process and the error), print the error (`report`) and
+    exit at once, skipping JAX's shutdown barrier at interpreter exit (it would wait for peers that left without
+    it). A SystemExit with a number keeps it (1 without one)."""
+    if isinstance(error, SystemExit) and not isinstance(error.code, str):
         code = error.code if isinstance(error.code, int) else 1
-        if error.code is not None and not isinstance(error.code, int):
-            print(error.code, file=sys.stderr)
     else:
-        traceback.print_exception(error)
+        code = report(error)
     sys.stdout.flush(), sys.stderr.flush()
     watch.after_failure(error)
-    os._exit(code)
+    exit_process(code)
 
 
 def hold_workdir(run: RunDir) -> workdir_lock.WorkdirLock | None:
