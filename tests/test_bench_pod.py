@@ -4,15 +4,14 @@ compiled for CPU; plus its parts checked by hand."""
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec
 
-from mercury_jax.bench import pod
+from mercury_jax.bench import pod, pod_programs
 from mercury_jax.bench.report import replace_subsection
+from mercury_jax.bench.run_config import load_config, model_config
+from mercury_jax.config.registry import PIPELINES
 from mercury_jax.parallel import make_mesh
-from models.qwen35_moe.config import PRESETS
 
 TWO_LAYERS = ["--set", "model.overrides.num_hidden_layers=2"]  # one GDN + one attention layer: faster compiles
 # the tiny configs with the released structure: separate device groups, sharded bf16 rollout replicas that the
@@ -62,43 +61,51 @@ def test_shared_device_counts_the_other_roles_arrays():
     other learner."""
     mesh = make_mesh({"fsdp": 1}, devices=jax.devices()[:1])
     meshes = {"rollout": mesh, "actor": mesh, "critic": mesh}
-    programs = [pod.Program("actor step", "actor", lambda: None, role="actor"),
-                pod.Program("values + GAE", "critic", lambda: None, resident_bytes=5, resident_note="moments",
+    programs = [pod_programs.Program("actor step", "actor", lambda: None, role="actor"),
+                pod_programs.Program("values + GAE", "critic", lambda: None, resident_bytes=5, resident_note="moments",
                             role="critic")]
-    pod.add_shared_residency(programs, meshes, {"rollout": 100, "actor": 20, "critic": 3})
+    pod_programs.add_shared_residency(programs, meshes, {"rollout": 100, "actor": 20, "critic": 3})
     assert programs[0].resident_bytes == 103
     assert programs[1].resident_bytes == 5 + 120 and programs[1].resident_note.startswith("moments + ")
     apart = {"rollout": make_mesh({"fsdp": 1}, devices=jax.devices()[:1]),
              "actor": make_mesh({"fsdp": 1}, devices=jax.devices()[1:2]),
              "critic": make_mesh({"fsdp": 1}, devices=jax.devices()[2:3])}
-    alone = [pod.Program("actor step", "actor", lambda: None, role="actor")]
-    pod.add_shared_residency(alone, apart, {"rollout": 100, "actor": 20, "critic": 3})
+    alone = [pod_programs.Program("actor step", "actor", lambda: None, role="actor")]
+    pod_programs.add_shared_residency(alone, apart, {"rollout": 100, "actor": 20, "critic": 3})
     assert alone[0].resident_bytes == 0
-    counted = [pod.Program("grpo step", "actor", lambda: None, resident_bytes=7, role="actor",
+    counted = [pod_programs.Program("grpo step", "actor", lambda: None, resident_bytes=7, role="actor",
                            counted=("reference",))]
-    pod.add_shared_residency(counted, {"actor": mesh, "reference": mesh}, {"actor": 20, "reference": 7})
+    pod_programs.add_shared_residency(counted, {"actor": mesh, "reference": mesh}, {"actor": 20, "reference": 7})
     assert counted[0].resident_bytes == 7
 
 
-def test_per_chip_bytes_counts_one_shard():
-    mesh = make_mesh({"fsdp": 4}, devices=jax.devices()[:4])
-    split = jax.ShapeDtypeStruct((8, 6), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec("fsdp")))
-    whole = jax.ShapeDtypeStruct((3,), jnp.bfloat16, sharding=NamedSharding(mesh, PartitionSpec()))
-    assert pod.per_chip_bytes([split, whole]) == 2 * 6 * 4 + 3 * 2
+# the programs of a step of each registered pipeline's :tiny config (every role on one device: no publish programs)
+STEP_PROGRAMS = {
+    "sao": ["rollout decode", "rollout prefill", "values + GAE", "critic step", "actor step"],
+    "grpo": ["rollout decode", "rollout prefill", "reference log-probs", "grpo step"],
+    "group_baseline": ["rollout decode", "rollout prefill", "actor step"],
+    "sft": ["sft step"],
+}
 
 
-def test_active_parameters_of_the_released_model():
-    """35B-A3B: ~35B parameters, ~3B used per token (the name's claim; routed experts count 8 of 256)."""
-    active, total = pod.active_parameters(PRESETS["qwen3.5-35b-a3b"]())
-    assert 34e9 < total < 36.5e9
-    assert 2.5e9 < active < 3.6e9
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_the_pipeline_and_its_roles_come_from_config_pipeline(name):
+    """Nothing compiled: the programs a step of each pipeline runs, on the meshes of its registered roles (the
+    group baseline's config has an `sft` section and is not an SFT run)."""
+    config = load_config(f"experiments/{name}.py:tiny")
+    meshes = pod_programs.pipeline_meshes(config, jax.devices())
+    assert tuple(meshes) == PIPELINES[name].roles
+    programs, facts = pod_programs.step_programs(config, model_config(config, "tiny"), meshes)
+    assert [p.name for p in programs] == STEP_PROGRAMS[name]
+    assert (facts is None) == (name == "sft")
 
 
 def test_verdicts_name_the_shortfall():
-    program = pod.Program("actor step", "actor", lambda: None, resident_bytes=2 * 2 ** 30)
+    program = pod_programs.Program("actor step", "actor", lambda: None, resident_bytes=2 * 2 ** 30)
     over = pod.Result(program, total=80 * 2 ** 30)
-    fine = pod.Result(pod.Program("critic step", "critic", lambda: None), total=70 * 2 ** 30)
-    refused = pod.Result(pod.Program("values + GAE", "critic", lambda: None), error="XlaRuntimeError: RESOURCE")
+    fine = pod.Result(pod_programs.Program("critic step", "critic", lambda: None), total=70 * 2 ** 30)
+    refused = pod.Result(pod_programs.Program("values + GAE", "critic", lambda: None),
+                         error="XlaRuntimeError: RESOURCE")
     problems = pod.verdicts([over, fine, refused], 95 * 2 ** 30, 0.8)
     assert len(problems) == 2
     assert problems[0].startswith("actor step: 82.00 GiB a chip") and "by 6.00 GiB" in problems[0]

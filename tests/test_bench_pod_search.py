@@ -8,8 +8,8 @@ import math
 import pytest
 
 from mercury_jax.bench import pod_search
-from mercury_jax.bench.aot_tpu import load_config
-from mercury_jax.bench.report import V5P_PEAK_FLOPS
+from mercury_jax.bench.rooflines import V5P_PEAK_FLOPS
+from mercury_jax.bench.run_config import load_config
 from models.qwen35_moe.config import PRESETS
 
 
@@ -24,6 +24,8 @@ def test_splits_keep_learner_groups_dividing_the_batch(sao):
     assert all(128 % s["actor"] == 0 and 128 % s["critic"] == 0 and sum(s.values()) == 128 for s in found)
     grpo = load_config("experiments/grpo.py")
     assert {s["actor"] for s in pod_search.splits(grpo, 128)} == {16, 32, 64}
+    group = load_config("experiments/group_baseline.py")  # 16 prompts x 8 episodes, no critic
+    assert {s["actor"] for s in pod_search.splits(group, 128)} == {16, 32, 64}
 
 
 def test_a_layout_step_by_hand(sao):
@@ -52,16 +54,3 @@ def test_a_layout_step_by_hand(sao):
     assert got["decode_gib"] == pytest.approx(37.0)  # async: the evaluation engine resident beside the program
     assert pod_search.evaluate(sao, cfg, decode, learner, dict(rollout=66, actor=31, critic=31), shape, slots,
                                8192) is None  # 66 chips do not split into replicas of 4
-
-
-def test_the_shared_rollout_and_async_step_arithmetic():
-    """`bench.pod`'s step estimate and the search use one rollout and one async-step formula (hand-computed)."""
-    from mercury_jax.bench.pod import async_step_seconds, rollout_seconds
-
-    # 128 episodes x 8,192 decode steps on 16 x 8 slots at 3 ms, 2 prefills an episode of 70 ms over 16 replicas
-    batch, episode = rollout_seconds(128, 8192, 16384, 16, 8, 3e-3, 8192, 0.07)
-    assert batch == pytest.approx(8192 * 3e-3 + 16 * 0.07) and episode == pytest.approx(8192 * 3e-3 + 2 * 0.07)
-    # more slots than episodes: never less than one episode
-    assert rollout_seconds(4, 100, 0, 2, 8, 1.0, 8192, 0.0) == (100.0, 100.0)
-    assert async_step_seconds(20.0, 12.0, 30.0, 1) == 30.0  # an episode longer than the step: staleness floor
-    assert async_step_seconds(20.0, 12.0, 30.0, 2) == 20.0 and async_step_seconds(20.0, 25.0, 10.0, 0) == 25.0

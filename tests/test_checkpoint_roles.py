@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from local_processes import run_reporting_script
 
-from mercury_jax.bench.local_processes import run_reporting_script
 from mercury_jax.runs.checkpoint_faults import unreadable_reason
 from mercury_jax.runs.run_reader import checkpoint_steps, read_checkpoint_arrays
 

@@ -4,9 +4,9 @@ reduced-depth model) checked by hand."""
 from __future__ import annotations
 
 from mercury_jax.bench import device_check
-from mercury_jax.bench.aot_tpu import load_config
 from mercury_jax.bench.device_setup import KERNELS, check_model, chip_shapes
 from mercury_jax.bench.peaks import chip_peak
+from mercury_jax.bench.run_config import load_config
 
 SMALL = ["--rows", "2", "--seq", "128", "--slots", "4", "--cache-length", "128", "--steps", "4", "--reps", "2"]
 

@@ -98,3 +98,34 @@ def test_collectives_are_counted_per_chip_with_their_loops_trip_counts():
     counted = collective_bytes(text)
     assert counted.get("all-gather") == 3 * 4 * 256 * 4, counted
     assert counted.get("collective-permute") == 256 * 4, counted
+
+
+# the publish's programs compile to flat (loop-free) HLO: a synchronous all-gather, an async collective-permute pair
+# whose -start carries (operand, result, u32[] contexts), a ragged all-to-all, and a reduce (no collective)
+FLAT = """ENTRY %main (p: bf16[8,128]) -> bf16[32,128] {
+  %p = bf16[8,128]{1,0} parameter(0)
+  %ag = bf16[32,128]{1,0} all-gather(%p), replica_groups={{0,1,2,3}}, dimensions={0}
+  %cp-start = (bf16[32,128]{1,0}, bf16[32,128]{1,0}, u32[], u32[]) collective-permute-start(%ag), source_target_pairs={{0,1}}
+  %cp-done = bf16[32,128]{1,0} collective-permute-done(%cp-start)
+  %ra = f32[16]{0} ragged-all-to-all(%p, %p, %p, %p, %p, %p)
+  %ar = f32[4,4]{1,0} all-reduce-start(%ra), to_apply=%add
+  ROOT %out = bf16[32,128]{1,0} add(%cp-done, %cp-done)
+}
+"""
+
+
+def test_collective_results_count_each_op_once_by_its_results():
+    from mercury_jax.bench.hlo_bytes import collective_results
+
+    assert collective_results(FLAT) == {
+        "all-gather": (1, 32 * 128 * 2),          # its result, per device
+        "collective-permute": (1, 32 * 128 * 2),  # the -start's results half (not its operand), the -done not again
+        "ragged-all-to-all": (1, 16 * 4),
+        "all-reduce": (1, 4 * 4 * 4),
+    }
+
+
+def test_collective_ops_count_the_ops_but_not_the_permutes():
+    from mercury_jax.bench.hlo_bytes import collective_ops
+
+    assert collective_ops(FLAT) == {"all-gather": 1, "ragged-all-to-all": 1, "all-reduce": 1}

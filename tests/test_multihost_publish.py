@@ -8,8 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from mercury_jax.bench.local_processes import run_reporting_script
+from local_processes import run_reporting_script
 
 WORKER = Path(__file__).with_name("multihost_publish_worker.py")
 

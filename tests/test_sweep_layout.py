@@ -20,9 +20,9 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from local_processes import run_reporting_script
 from sweep_runs import released_structure, same_run_with_config, save_checkpoints, start_run, tiny_grpo_config
 
-from mercury_jax.bench.local_processes import run_reporting_script
 from mercury_jax.runs.replica_restore import restore_into_replicas
 from mercury_jax.runs.run_reader import RunReader, read_checkpoint_arrays
 from mercury_jax.sweep import run_sweep

@@ -15,108 +15,33 @@ needed for shapes). Per-chip memory is `compiled.memory_analysis()`: arguments +
 """
 from __future__ import annotations
 
-import os
+import argparse
+import re
+import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.experimental import topologies
 
-import argparse  # noqa: E402
-import ast  # noqa: E402
-import importlib.util  # noqa: E402
-import re  # noqa: E402
-import time  # noqa: E402
+from mercury_jax.bench import jax_setup
+from mercury_jax.bench.abstract import abstract_opt_state, abstract_state, batch_spec, shardings
+from mercury_jax.bench.report import markdown_table, write_section
+from mercury_jax.bench.rooflines import GIB, HBM_GIB, program_bytes, xla_cost
+from mercury_jax.bench.run_config import apply_overrides, load_config
+from mercury_jax.config.model import model_runtime
+from mercury_jax.config.roles import role_mesh_sizes
+from mercury_jax.parallel import make_mesh
+from mercury_jax.train.grpo_learner import make_grpo_step
+from mercury_jax.train.optim import make_optimizer
+from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step
+from models.qwen35_moe import Qwen35MoeForCausalLM
+from models.qwen35_moe.config import PRESETS
+from models.qwen35_moe.critic import Qwen35MoeCritic, critic_trainable
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import ml_collections  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
-from jax.experimental import topologies  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
-
-from mercury_jax.bench.report import markdown_table, write_section  # noqa: E402
-from mercury_jax.config.model import model_runtime  # noqa: E402
-from mercury_jax.config.roles import role_mesh_sizes  # noqa: E402
-from mercury_jax.parallel import make_mesh, variable_sharding  # noqa: E402
-from mercury_jax.train.grpo_learner import make_grpo_step  # noqa: E402
-from mercury_jax.train.optim import make_optimizer  # noqa: E402
-from mercury_jax.train.placement import batch_sharding  # noqa: E402
-from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step  # noqa: E402
-from models.qwen35_moe import Qwen35MoeForCausalLM  # noqa: E402
-from models.qwen35_moe.config import PRESETS  # noqa: E402
-from models.qwen35_moe.critic import Qwen35MoeCritic, critic_trainable  # noqa: E402
-
-HBM_GIB = {"v5p": 95, "v5e": 16, "v6e": 32, "v4": 32}
 ROLE = {"actor": "actor", "critic": "critic", "values": "critic", "grpo": "actor"}
-GIB = 2.0 ** 30
-
-
-def load_config(path: str):
-    file, _, variant = path.partition(":")
-    spec = importlib.util.spec_from_file_location("_aot_config", file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(variant or None)
-
-
-def apply_overrides(config, items: list[str]) -> None:
-    """`--set a.b=VALUE` for each item: a Python literal (a dict becomes a ConfigDict; a field may be new), cast to
-    the type of the scalar it replaces (a bool from "True"), else the bare string."""
-    for item in items:
-        field, _, text = item.partition("=")
-        *path, name = field.split(".")
-        section = config
-        for key in path:
-            section = section[key]
-        old = section.get(name)
-        try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            value = text
-        if isinstance(value, dict):
-            value = ml_collections.ConfigDict(value)
-        elif isinstance(old, bool):
-            value = text == "True"
-        elif old is not None and not isinstance(old, ml_collections.ConfigDict):
-            value = type(old)(value)
-        section[name] = value
-
-
-def abstract_state(module_fn, mesh, trainable):
-    """(graphdef, params, frozen) of the module with every leaf a ShapeDtypeStruct in its sharding on `mesh`."""
-    model = nnx.eval_shape(module_fn)
-    for path, variable in nnx.to_flat_state(nnx.state(model)):
-        value = variable.get_value()
-        variable.set_value(jax.ShapeDtypeStruct(value.shape, value.dtype,
-                                                sharding=variable_sharding(path, variable, mesh)))
-    return nnx.split(model, trainable, ...)
-
-
-def abstract_opt_state(tx, params, mesh):
-    """The optimiser state's shapes laid out as the trainer's eager `tx.init` on sharded parameters lays them out:
-    a moment (mu, nu) like the parameter it mirrors (its path ends with that parameter's path), anything else (step
-    counts) replicated over the mesh (`placement.onto_mesh`). A jitted init would replicate the moments: its
-    zeros depend on no input, so nothing propagates the parameters' layout to them."""
-    by_path = {jax.tree_util.keystr(path): leaf.sharding for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
-    replicated = NamedSharding(mesh, PartitionSpec())
-
-    def like_param(path, shape):
-        key = jax.tree_util.keystr(path)
-        sharding = next((s for p, s in by_path.items() if key.endswith(p)), replicated)
-        return jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=sharding)
-    return jax.tree_util.tree_map_with_path(like_param, jax.eval_shape(tx.init, params))
-
-
-def shardings(tree):
-    return jax.tree.map(lambda x: x.sharding, tree)
-
-
-def batch_spec(mesh, rows: int, seq: int, keys: dict, section) -> dict:
-    """The learner batch as sharded shapes; a packed one (`pack_rows`) also carries segment ids and the index maps
-    between the packed and the padded layout, as the trainers' batches do (train/packing.py)."""
-    if section.get("pack_rows"):
-        keys = dict(keys, segment_ids=jnp.int32, unpack_index=jnp.int32, pack_index=jnp.int32)
-    sharding = batch_sharding(mesh, (rows, seq))
-    return {k: jax.ShapeDtypeStruct((rows, seq), dtype, sharding=sharding) for k, dtype in keys.items()}
+HEADERS = ["program", "topology", "mesh", "rows x seq", "micro-batches", "remat", "attention", "moe", "gdn",
+           "arguments GiB/chip", "temp GiB/chip", "total GiB/chip", "HBM GiB", "TFLOP/chip", "compile s"]
 
 
 def lower_program(config, program: str, devices, preset: str, rows: int, seq: int):
@@ -124,22 +49,9 @@ def lower_program(config, program: str, devices, preset: str, rows: int, seq: in
     role = ROLE[program]
     mesh = make_mesh(role_mesh_sizes(config, role, len(devices)), devices=devices)
     cfg = PRESETS[preset](param_dtype="float32", **model_runtime(config.model))
-    f32, i32 = jnp.float32, jnp.int32
     if program in ("actor", "grpo"):
-        section = config.sao if program == "actor" else config.grpo
-        graphdef, params, frozen = abstract_state(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0)), mesh,
-                                                  nnx.Param)
-        tx = make_optimizer(section.actor_optimizer)
-        opt_state = abstract_opt_state(tx, params, mesh)
-        make = make_actor_step if program == "actor" else make_grpo_step
-        step = make(graphdef, tx, section, state_shardings=(shardings(params), shardings(opt_state)))
-        keys = dict(tokens=i32, action_mask=f32, rollout_logprobs=f32, advantages=f32)
-        if program == "actor":
-            keys["rewards"] = f32
-        else:
-            keys["ref_logprobs"] = f32
-        micro = section.actor_micro_batches if program == "actor" else section.micro_batches
-        return step.lower(params, frozen, opt_state, batch_spec(mesh, rows, seq, keys, section)), mesh, micro
+        return _lower_policy_step(config, program, cfg, mesh, rows, seq)
+    f32, i32 = jnp.float32, jnp.int32
     graphdef, params, frozen = abstract_state(lambda: Qwen35MoeCritic(cfg, rngs=nnx.Rngs(0)), mesh,
                                               critic_trainable)
     keys = dict(tokens=i32, action_mask=f32, rollout_logprobs=f32, rewards=f32)
@@ -155,7 +67,50 @@ def lower_program(config, program: str, devices, preset: str, rows: int, seq: in
             config.sao.critic_micro_batches)
 
 
-def main(argv=None):
+def _lower_policy_step(config, program: str, cfg, mesh, rows: int, seq: int):
+    """(lowered, mesh, micro-batches) of the SAO actor step or the pivot-GRPO step."""
+    f32, i32 = jnp.float32, jnp.int32
+    section = config.sao if program == "actor" else config.grpo
+    graphdef, params, frozen = abstract_state(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0)), mesh, nnx.Param)
+    tx = make_optimizer(section.actor_optimizer)
+    opt_state = abstract_opt_state(tx, params, mesh)
+    make = make_actor_step if program == "actor" else make_grpo_step
+    step = make(graphdef, tx, section, state_shardings=(shardings(params), shardings(opt_state)))
+    keys = dict(tokens=i32, action_mask=f32, rollout_logprobs=f32, advantages=f32)
+    if program == "actor":
+        keys["rewards"] = f32
+    else:
+        keys["ref_logprobs"] = f32
+    micro = section.actor_micro_batches if program == "actor" else section.micro_batches
+    return step.lower(params, frozen, opt_state, batch_spec(mesh, rows, seq, keys, section)), mesh, micro
+
+
+def default_rows(config, program: str) -> int:
+    """A step's rows of `program`: SAO's batch of prompts, a GRPO minibatch of states x their group."""
+    if program == "grpo":
+        return config.grpo.batch_states * config.grpo.group_size // config.grpo.minibatches
+    return config.sao.batch_prompts
+
+
+def compile_cells(lowered, hbm) -> list[str]:
+    """The table's arguments, temp, total GiB a chip, HBM verdict and TFLOP cells of a lowered program; a compile
+    the TPU compiler refuses (temporaries over HBM) is a row too, with the temporaries it asked for."""
+    try:
+        compiled = lowered.compile()
+    except jax.errors.JaxRuntimeError as error:
+        needed = re.search(r"HLO temporaries \(([\d.]+)G\)", str(error))
+        if needed is None:
+            raise
+        return ["-", f"{float(needed.group(1)):.1f}", "-", f"{hbm} (does not fit: compile refused)", "-"]
+    memory = compiled.memory_analysis()
+    flops, _ = xla_cost(compiled)
+    total_bytes = program_bytes(memory)
+    return [f"{memory.argument_size_in_bytes / GIB:.1f}", f"{memory.temp_size_in_bytes / GIB:.1f}",
+            f"{total_bytes / GIB:.1f}", f"{hbm} ({'fits' if hbm and total_bytes < hbm * GIB else 'does not fit'})",
+            f"{flops / 1e12:.0f}"]
+
+
+def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="experiments/sao.py")
     parser.add_argument("--program", default="actor", choices=sorted(ROLE))
@@ -166,47 +121,31 @@ def main(argv=None):
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a config field, e.g. --set model.moe_impl=ep (repeatable)")
     parser.add_argument("--write", action="store_true", help="append the row to BENCHMARKS.md's aot_tpu section")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    jax_setup.configure(platforms="cpu")
+    args = parse_args(argv)
     config = load_config(args.config)
     apply_overrides(config, args.set)
-    if args.rows is None:
-        args.rows = (config.sao.batch_prompts if "sao" in config
-                     else config.grpo.batch_states * config.grpo.group_size // config.grpo.minibatches)
+    rows = args.rows if args.rows is not None else default_rows(config, args.program)
     seq = args.seq or config.rollout.max_total_tokens
     devices = topologies.get_topology_desc(platform="tpu", topology_name=args.topology).devices
     start = time.perf_counter()
-    lowered, mesh, micro = lower_program(config, args.program, devices, args.preset, args.rows, seq)
-    hbm = HBM_GIB.get(args.topology.split(":")[0])
-    try:
-        compiled = lowered.compile()
-    except jax.errors.JaxRuntimeError as error:  # the TPU compiler refuses a program whose temporaries exceed HBM
-        needed = re.search(r"HLO temporaries \(([\d.]+)G\)", str(error))
-        if needed is None:
-            raise
-        compiled, temp, arguments, total, flops = None, float(needed.group(1)), "-", "-", "-"
-        verdict = f"{hbm} (does not fit: compile refused)"
+    lowered, mesh, micro = lower_program(config, args.program, devices, args.preset, rows, seq)
+    arguments, temp, total, verdict, flops = compile_cells(lowered, HBM_GIB.get(args.topology.split(":")[0]))
     seconds = time.perf_counter() - start
-    if compiled is not None:
-        memory = compiled.memory_analysis()
-        cost = compiled.cost_analysis()
-        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-        total_bytes = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
-                       - memory.alias_size_in_bytes)
-        temp, arguments = memory.temp_size_in_bytes / GIB, f"{memory.argument_size_in_bytes / GIB:.1f}"
-        total, flops = f"{total_bytes / GIB:.1f}", f"{float(cost.get('flops', np.nan)) / 1e12:.0f}"
-        verdict = f"{hbm} ({'fits' if hbm and total_bytes < hbm * GIB else 'does not fit'})"
     sizes = {k: v for k, v in mesh.shape.items() if v > 1}
-    row = [args.program, args.topology, ",".join(f"{k}={v}" for k, v in sizes.items()), f"{args.rows}x{seq}",
+    row = [args.program, args.topology, ",".join(f"{k}={v}" for k, v in sizes.items()), f"{rows}x{seq}",
            str(micro), config.model.remat_policy, config.model.attention_impl, config.model.moe_impl,
-           config.model.gdn_impl, arguments, f"{temp:.1f}", total, verdict, flops, f"{seconds:.0f}"]
-    headers = ["program", "topology", "mesh", "rows x seq", "micro-batches", "remat", "attention", "moe", "gdn",
-               "arguments GiB/chip", "temp GiB/chip", "total GiB/chip", "HBM GiB", "TFLOP/chip", "compile s"]
-    table = markdown_table(headers, [row])
+           config.model.gdn_impl, arguments, temp, total, verdict, flops, f"{seconds:.0f}"]
+    table = markdown_table(HEADERS, [row])
     print(table, flush=True)
     if args.write:
         command = (f"PYTHONPATH=<libtpu dir>:. python -m mercury_jax.bench.aot_tpu --config {args.config} "
                    f"--program {args.program} --preset {args.preset} --topology {args.topology} "
-                   f"--rows {args.rows} --seq {seq}" + "".join(f" --set {item}" for item in args.set) + " --write")
+                   f"--rows {rows} --seq {seq}" + "".join(f" --set {item}" for item in args.set) + " --write")
         write_section(f"aot_tpu_{args.program}", f"TPU ahead-of-time compile of the {args.program} program", table,
                       command)
 

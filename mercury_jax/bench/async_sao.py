@@ -36,10 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mercury_jax.bench import local_processes
 from mercury_jax.bench.report import markdown_table, write_section
 from mercury_jax.evaluation.heldout import heldout_summary
 from mercury_jax.evaluation.stats import paired_difference
+from tests import local_processes  # the tests' launcher of `main` as N processes (run from a checkout)
 
 CONFIG = "mercury_jax/bench/async_sao_config.py"
 RUN_TIMEOUT_S = 4 * 3600

@@ -10,24 +10,20 @@ Prints `compiled.memory_analysis()` per chip and the compile seconds for each im
 """
 from __future__ import annotations
 
-import os
+import argparse
+import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")  # a single-host topology; silences libtpu's probe
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.experimental import topologies
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-import argparse  # noqa: E402
-import time  # noqa: E402
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
-from jax.experimental import topologies  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
-
-from mercury_jax.bench.report import markdown_table, write_section  # noqa: E402
-from models.qwen35_moe.attention import Attention  # noqa: E402
-from models.qwen35_moe.config import ATTENTION_IMPLS, PRESETS  # noqa: E402
+from mercury_jax.bench import jax_setup
+from mercury_jax.bench.report import markdown_table, write_section
+from models.qwen35_moe.attention import Attention
+from models.qwen35_moe.config import ATTENTION_IMPLS, PRESETS
 
 
 def compile_layer(preset: str, impl: str, topology: str, seq: int, with_segments: bool):
@@ -53,6 +49,7 @@ def compile_layer(preset: str, impl: str, topology: str, seq: int, with_segments
 
 
 def main():
+    jax_setup.configure(platforms="cpu", tpu_topology=True)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="qwen3.5-35b-a3b", choices=sorted(PRESETS))
     parser.add_argument("--topology", default="v5p:2x2x2", help="the first chip of it is compiled for")

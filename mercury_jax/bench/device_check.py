@@ -18,35 +18,31 @@ the released shapes (`device_setup.chip_shapes`):
 Each is compiled first (compile seconds apart), run once untimed, then `--reps` times to completion. Printed: a
 header (backend, device kind, jax version, kernels, the chip's peaks), the model, and a table with per program the
 median time, tokens/s, model TFLOP/s (hand count: 6 N per trained token, 2 N per decoded token, N the active
-parameters, plus causal attention; `bench/pod.py`), MFU against the chip's bf16 peak, the HBM bytes a decode step
-must read (`bench/rollout_aot.py:decode_read_bytes`) and the fraction of the bandwidth roofline that achieves. Peaks
+parameters, plus causal attention; `bench/flops.py`), MFU against the chip's bf16 peak, the HBM bytes a decode step
+must read (`bench/rooflines.py:decode_read_bytes`) and the fraction of the bandwidth roofline that achieves. Peaks
 come from `bench/peaks.py` by `device_kind`; an unknown chip (CPU) reports "n/a". Past `--budget-s` it stops,
 says so, and exits 1 (also when a program fails, e.g. out of memory: its row says why).
 """
 from __future__ import annotations
 
-import os
+import argparse
+import gc
+import sys
+import time
 
-# before any import starts the backend (some do): JAX on a GPU takes 75% of its memory by default, the actor step more
-os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")
+import jax
 
-import argparse  # noqa: E402
-import gc  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
+from mercury_jax.bench import jax_setup
+from mercury_jax.bench.device_programs import Program, actor_program, decode_program, init_model
+from mercury_jax.bench.device_setup import KERNELS, Shapes, check_model, chip_shapes, platform
+from mercury_jax.bench.flops import active_parameters
+from mercury_jax.bench.peaks import Peak, chip_peak
+from mercury_jax.bench.report import markdown_table, replace_subsection
+from mercury_jax.bench.rooflines import GIB
+from mercury_jax.bench.run_config import load_config
+from mercury_jax.bench.timing import Timing, measure
+from models.qwen35_moe.config import ATTENTION_IMPLS, GDN_IMPLS, MOE_IMPLS
 
-import jax  # noqa: E402  (before bench/pod.py and rollout_aot.py, which default JAX_PLATFORMS to cpu for AOT runs)
-
-from mercury_jax.bench.aot_tpu import load_config  # noqa: E402
-from mercury_jax.bench.device_programs import Program, actor_program, decode_program, init_model  # noqa: E402
-from mercury_jax.bench.device_setup import KERNELS, Shapes, check_model, chip_shapes, platform  # noqa: E402
-from mercury_jax.bench.peaks import Peak, chip_peak  # noqa: E402
-from mercury_jax.bench.pod import active_parameters  # noqa: E402
-from mercury_jax.bench.report import markdown_table, replace_subsection  # noqa: E402
-from mercury_jax.bench.timing import Timing, measure  # noqa: E402
-from models.qwen35_moe.config import ATTENTION_IMPLS, GDN_IMPLS, MOE_IMPLS  # noqa: E402
-
-GIB = 2.0 ** 30
 HEADERS = ["program", "shape", "compile s", "time ms (median)", "tokens/s", "model TFLOP/s", "MFU",
            "must-read GiB/step", "bandwidth fraction"]
 
@@ -87,8 +83,7 @@ def memory_note(device) -> str:
             + (f" of {limit / GIB:.1f} GiB." if limit else "."))
 
 
-def run(argv=None) -> int:
-    started = time.monotonic()
+def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="", help="default: experiments/sao.py on an accelerator, "
                         "experiments/sao.py:tiny on CPU")
@@ -107,7 +102,37 @@ def run(argv=None) -> int:
     parser.add_argument("--peak-gbps", type=float, default=0.0, help="the chip's HBM GB/s (default: by kind)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md (device_check)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def time_programs(makers, reps: int, deadline: float, peak: Peak) -> tuple[list, list, list]:
+    """(table rows, programs stopped by the deadline, programs that failed): each (name, make) in turn built,
+    compiled and timed `reps` times, its arrays freed before the next one."""
+    rows, stopped, failed = [], [], []
+    for name, make in makers:
+        if time.monotonic() > deadline:
+            stopped.append(name)
+            continue
+        program, timing, error = None, None, ""
+        try:
+            program = make()
+            timing = measure(program.lower, program.run, reps, deadline)
+        except Exception as exc:  # a program that does not fit or compile is a result: reported, exit 1
+            error = f"failed: {type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
+            failed.append(name)
+        rows.append(row(name, program, timing, peak, error))
+        print(f"  {name}: " + (error or f"compile {timing.compile_s:.1f} s, {timing.median_s * 1e3:.2f} ms"),
+              flush=True)
+        del program
+        gc.collect()
+    return rows, stopped, failed
+
+
+def run(argv=None) -> int:
+    """Time the run's decode chunk and actor step on this backend's first device; 1 when one is stopped by the
+    budget or fails."""
+    started = time.monotonic()
+    args = parse_args(argv)
     deadline = started + args.budget_s
     device, where = jax.devices()[0], platform()
     config_path = args.config or ("experiments/sao.py:tiny" if args.tiny or where == "cpu" else "experiments/sao.py")
@@ -132,23 +157,8 @@ def run(argv=None) -> int:
         ("rollout decode", lambda: decode_program(model, shapes, param_dtype, args.seed), "decode"),
         ("actor step", lambda: actor_program(model, config.sao, shapes, args.seed), "actor"))
         if args.only in ("", key))
-    rows, stopped, failed = [], [], []
-    for name, make in makers:  # decode first: the actor step donates (spends) the model's weights
-        if time.monotonic() > deadline:
-            stopped.append(name)
-            continue
-        program, timing, error = None, None, ""
-        try:
-            program = make()
-            timing = measure(program.lower, program.run, args.reps, deadline)
-        except Exception as exc:  # a program that does not fit or compile is a result: reported, exit 1
-            error = f"failed: {type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
-            failed.append(name)
-        rows.append(row(name, program, timing, peak, error))
-        print(f"  {name}: " + (error or f"compile {timing.compile_s:.1f} s, {timing.median_s * 1e3:.2f} ms"),
-              flush=True)
-        del program
-        gc.collect()
+    # decode first: the actor step donates (spends) the model's weights
+    rows, stopped, failed = time_programs(makers, args.reps, deadline, peak)
     table = markdown_table(HEADERS, rows)
     elapsed = time.monotonic() - started
     verdict = " ".join(filter(None, [
@@ -166,5 +176,12 @@ def run(argv=None) -> int:
     return 1 if stopped or failed else 0
 
 
+def main() -> int:
+    """A GPU client taking 95% of the chip's memory (JAX's 75% default is less than the actor step needs), then
+    `run`."""
+    jax_setup.configure(gpu_memory_fraction=0.95)
+    return run()
+
+
 if __name__ == "__main__":
-    sys.exit(run())
+    sys.exit(main())

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mercury_jax.bench.device_setup import Shapes
-from mercury_jax.bench.pod import active_parameters, attention_flops_per_token
-from mercury_jax.bench.rollout_aot import decode_read_bytes
+from mercury_jax.bench.flops import forward_flops_per_token
+from mercury_jax.bench.rooflines import decode_read_bytes
 from mercury_jax.rollout.layout import rollout_weights
 from mercury_jax.rollout.sampler import _compiled, empty_state
 from mercury_jax.train.optim import make_optimizer
@@ -45,11 +45,6 @@ def init_model(cfg: Qwen35MoeConfig, seed: int) -> Qwen35MoeForCausalLM:
         return Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(seed))
     graphdef, _ = nnx.split(nnx.eval_shape(make))
     return nnx.merge(graphdef, jax.jit(lambda: nnx.state(make()))())
-
-
-def forward_flops_per_token(cfg: Qwen35MoeConfig, context: int) -> float:
-    """2 N (N the active parameters, routed experts at k / E) plus causal attention at mean context `context` / 2."""
-    return 2 * active_parameters(cfg)[0] + attention_flops_per_token(cfg, context)
 
 
 def actor_batch(vocab: int, shapes: Shapes, packed: bool, seed: int) -> dict:

@@ -7,7 +7,7 @@ import math
 
 import jax
 
-from mercury_jax.bench.pod import model_config
+from mercury_jax.bench.run_config import model_config
 from mercury_jax.rollout.replicas import slots_per_replica
 from mercury_jax.rollout.settings import EngineSettings
 from models.qwen35_moe.config import Qwen35MoeConfig

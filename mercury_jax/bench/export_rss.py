@@ -188,23 +188,28 @@ def main(argv=None) -> None:
     ])
     print(f"\n{table}\n\n{facts}")
     if args.write:
-        body = (f"`python -m mercury_jax.export` of a synthetic run (hidden 1,024, {args.blocks} scanned "
-                f"(GDN, attention) blocks of {args.experts} experts, vocabulary 32,768; one Orbax checkpoint saved "
-                f"from one device, so every leaf is one chunk), bf16 with fused experts, against the export before "
-                f"it streamed (the fp32 policy restored whole as host arrays, each 5 GB shard built in memory). Each "
-                f"export runs in a fresh process; peak RSS is its VmHWM, the interpreter baseline a process that "
-                f"imports the same modules and exits.\n\n{table}\n\n{facts}\n\n"
-                f"The streaming export's peak above the interpreter is "
-                f"{(streaming['peak'] - baseline['peak']) / largest:.2f}x the largest checkpoint array (goal: at most "
-                f"3x): it holds one array, or one row of a stacked leaf, and the HF tensor built from it, never a "
-                f"shard or the model, so the bound does not grow with the number of layers. Reading a row decodes "
-                f"the leaf's one chunk (compressed and decoded copies) and keeps the row. It is slower here "
-                f"({streaming['seconds'] / in_memory['seconds']:.1f}x): each of a stack's {args.blocks} rows decodes "
-                f"the whole chunk again, and each shard is written twice (its spool, then the final file in "
-                f"safetensors' order). The export before held the whole fp32 policy and a bf16 shard (35B-A3B: "
-                f"~140 GB of host memory).")
-        write_section("export_rss", "HF export of a run: host memory", body,
+        write_section("export_rss", "HF export of a run: host memory",
+                      section_text(args, f"{table}\n\n{facts}", baseline, in_memory, streaming, largest),
                       "python -m mercury_jax.bench.export_rss --write")
+
+def section_text(args, tables: str, baseline: dict, in_memory: dict, streaming: dict, largest: int) -> str:
+    """The BENCHMARKS.md section: the run, how each export is measured, the tables, and what the streaming export's
+    peak means."""
+    return (f"`python -m mercury_jax.export` of a synthetic run (hidden 1,024, {args.blocks} scanned "
+            f"(GDN, attention) blocks of {args.experts} experts, vocabulary 32,768; one Orbax checkpoint saved "
+            f"from one device, so every leaf is one chunk), bf16 with fused experts, against the export before "
+            f"it streamed (the fp32 policy restored whole as host arrays, each 5 GB shard built in memory). Each "
+            f"export runs in a fresh process; peak RSS is its VmHWM, the interpreter baseline a process that "
+            f"imports the same modules and exits.\n\n{tables}\n\n"
+            f"The streaming export's peak above the interpreter is "
+            f"{(streaming['peak'] - baseline['peak']) / largest:.2f}x the largest checkpoint array (goal: at most "
+            f"3x): it holds one array, or one row of a stacked leaf, and the HF tensor built from it, never a "
+            f"shard or the model, so the bound does not grow with the number of layers. Reading a row decodes "
+            f"the leaf's one chunk (compressed and decoded copies) and keeps the row. It is slower here "
+            f"({streaming['seconds'] / in_memory['seconds']:.1f}x): each of a stack's {args.blocks} rows decodes "
+            f"the whole chunk again, and each shard is written twice (its spool, then the final file in "
+            f"safetensors' order). The export before held the whole fp32 policy and a bf16 shard (35B-A3B: "
+            f"~140 GB of host memory).")
 
 
 if __name__ == "__main__":

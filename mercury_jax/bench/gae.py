@@ -6,19 +6,16 @@ Run: `python -m mercury_jax.bench.gae [--batch 128 --steps 24576 --repeats 5]`
 """
 from __future__ import annotations
 
-import os
+import argparse
+import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import argparse  # noqa: E402
-import time  # noqa: E402
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-from mercury_jax.bench.report import markdown_table, write_section  # noqa: E402
-from mercury_jax.rl import advantages as adv_lib  # noqa: E402
+from mercury_jax.bench import jax_setup
+from mercury_jax.bench.report import markdown_table, write_section
+from mercury_jax.rl import advantages as adv_lib
 
 
 def associative_scan_gae(rewards_BxT, values_BxT, mask_BxT, gamma, lam):
@@ -93,6 +90,7 @@ def time_it(fn, repeats):
 
 
 def main():
+    jax_setup.configure(platforms="cpu")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--steps", type=int, default=24576)

@@ -8,19 +8,16 @@ Run: python -m mercury_jax.bench.gated_delta [--repeats 5] [--times 256,512,...]
 """
 from __future__ import annotations
 
-import os
+import argparse
+import time
 
-os.environ["JAX_PLATFORMS"] = "cpu"  # before jax is imported: no accelerator probing, numbers are for the host
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import argparse  # noqa: E402
-import time  # noqa: E402
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-from mercury_jax.bench.report import markdown_table, write_section  # noqa: E402
-from mercury_kernels.gated_delta import gated_delta_rule  # noqa: E402
+from mercury_jax.bench import jax_setup
+from mercury_jax.bench.report import markdown_table, write_section
+from mercury_kernels.gated_delta import gated_delta_rule
 
 BATCH, HEADS, KEY_DIM, VALUE_DIM, CHUNK = 1, 4, 64, 64, 64
 DEFAULT_TIMES = (1024, 2048, 4096, 8192, 16384)
@@ -69,6 +66,7 @@ def in_pieces(fn, inputs, piece):
 
 
 def main():
+    jax_setup.configure(platforms="cpu", override_platforms=True)  # no accelerator: the numbers are the host's
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--times", default=",".join(map(str, DEFAULT_TIMES)), help="comma-separated sequence lengths")

@@ -6,27 +6,24 @@ side, `chunked_gated_delta_rule` (`--impls`), forward and forward+backward for `
 compile time, `compiled.memory_analysis()` per chip, the compiler's cost analysis and whether the compiled HLO
 holds the Mosaic custom calls. Needs libtpu (not a runtime dependency):
 
-    pip install --target LIBTPU_DIR "libtpu==0.0.52"        # the compiler of the BENCHMARKS figures (README)
+    pip install --target LIBTPU_DIR "libtpu==0.0.52"        # the compiler of the BENCHMARKS figures (docs/USAGE.md)
     PYTHONPATH=<libtpu dir> python -m mercury_jax.bench.gated_delta_aot --batch 8 --seq 1024 --heads 32
 """
 from __future__ import annotations
 
-import os
+import argparse
+import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")  # a single-host topology; silences libtpu's probe
+import jax
+import jax.numpy as jnp
+from jax.experimental import topologies
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-import argparse  # noqa: E402
-import time  # noqa: E402
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from jax.experimental import topologies  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
-
-from mercury_jax.bench.report import cost_and_roofline, markdown_table, write_section  # noqa: E402
-from mercury_kernels.gated_delta.chunked import chunked_gated_delta_rule  # noqa: E402
-from mercury_kernels.gated_delta.pallas import chunk_macs, pallas_gated_delta_rule  # noqa: E402
+from mercury_jax.bench import jax_setup
+from mercury_jax.bench.report import markdown_table, write_section
+from mercury_jax.bench.rooflines import cost_and_roofline
+from mercury_kernels.gated_delta.chunked import chunked_gated_delta_rule
+from mercury_kernels.gated_delta.pallas import chunk_macs, pallas_gated_delta_rule
 
 
 def compile_kernels(topology, batch, seq, heads, key_dim, value_dim, chunk, dtype, with_segments, impl="pallas"):
@@ -70,6 +67,7 @@ def compile_kernels(topology, batch, seq, heads, key_dim, value_dim, chunk, dtyp
 
 
 def main():
+    jax_setup.configure(platforms="cpu", tpu_topology=True)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--topology", default="v5p:2x2x2")
     parser.add_argument("--batch", type=int, default=8)

@@ -13,31 +13,22 @@ HBM bandwidth). Nothing runs on a TPU. Needs libtpu:
 """
 from __future__ import annotations
 
-import os
+import argparse
+import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")  # a single-host topology; silences libtpu's probe
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.experimental import topologies
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-import argparse  # noqa: E402
-import time  # noqa: E402
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
-from jax.experimental import topologies  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
-
-from mercury_jax.bench.report import (  # noqa: E402
-    V5P_HBM_BYTES_PER_S,
-    V5P_PEAK_FLOPS,
-    cost_and_roofline,
-    markdown_table,
-    write_section,
-)
-from mercury_jax.parallel import with_mesh_context  # noqa: E402
-from models.qwen35_moe.config import PRESETS  # noqa: E402
-from models.qwen35_moe.gated_deltanet import GatedDeltaNet  # noqa: E402
+from mercury_jax.bench import jax_setup
+from mercury_jax.bench.report import markdown_table, write_section
+from mercury_jax.bench.rooflines import V5P_HBM_BYTES_PER_S, V5P_PEAK_FLOPS, cost_and_roofline
+from mercury_jax.parallel import with_mesh_context
+from models.qwen35_moe.config import PRESETS
+from models.qwen35_moe.gated_deltanet import GatedDeltaNet
 
 
 def compile_layer(preset: str, impl: str, topology: str, rows_per_chip: int, seq: int):
@@ -63,6 +54,7 @@ def compile_layer(preset: str, impl: str, topology: str, rows_per_chip: int, seq
 
 
 def main():
+    jax_setup.configure(platforms="cpu", tpu_topology=True)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="qwen3.5-35b-a3b", choices=sorted(PRESETS))
     parser.add_argument("--topology", default="v5p:2x2x2")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import math
 import os
 import re
 import tempfile
@@ -312,6 +313,45 @@ def collective_bytes(text: str) -> dict[str, int]:
         memo[name] = totals
         return totals
     return walk(entry)
+
+
+# the collectives `collective_results` and `collective_ops` name (each op's synchronous or `-start` form)
+COLLECTIVE_KINDS = ("all-to-all", "all-gather", "collective-permute", "all-reduce", "reduce-scatter",
+                    "ragged-all-to-all")
+_RESULT_SHAPE = re.compile(r"(bf16|f16|f32|s32|u32|s8|u8|pred|f64|s64)\[([\d,]*)\]")
+_COLLECTIVE_OP = re.compile(r"\b(ragged-all-to-all|all-to-all|all-gather|all-reduce|reduce-scatter)(?:-start)?\(")
+
+
+def collective_results(text: str) -> dict[str, tuple[int, int]]:
+    """{collective kind: (count, bytes of their results per device)} in a compiled (per-device) HLO text of a
+    program without loops (each op once: no trip counts); the `-done` halves of async pairs are not counted
+    twice."""
+    found: dict[str, list[int]] = {}
+    for line in text.splitlines():
+        match = re.match(r"\s*(?:ROOT )?%\S+ = (.+?) ([a-z\-]+)\(", line)
+        if not match:
+            continue
+        kind = match.group(2).removesuffix("-start")
+        if kind not in COLLECTIVE_KINDS:
+            continue
+        shapes = _RESULT_SHAPE.findall(match.group(1))
+        if match.group(2).endswith("-start"):  # (operands, results[, u32[] contexts]): the results
+            shapes = [s for s in shapes if s[1]]
+            shapes = shapes[len(shapes) // 2:]
+        nbytes = sum(DTYPE_BYTES[d] * math.prod(int(n) for n in dims.split(",") if n) for d, dims in shapes)
+        entry = found.setdefault(kind, [0, 0])
+        entry[0] += 1
+        entry[1] += nbytes
+    return {kind: (count, nbytes) for kind, (count, nbytes) in found.items()}
+
+
+def collective_ops(text: str) -> dict[str, int]:
+    """{collective kind: how many ops of it} in a compiled HLO text (an async pair once, at its `-start`; the
+    collective-permutes left out), whatever their sizes or loops."""
+    ops: dict[str, int] = {}
+    for op in _COLLECTIVE_OP.findall(text):
+        ops[op] = ops.get(op, 0) + 1
+    return ops
 
 
 def counted_collectives(since: float) -> dict[str, int] | None:

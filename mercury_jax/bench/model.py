@@ -14,27 +14,24 @@ Run: `python -m mercury_jax.bench.model [--shapes 1x128,2x256 --repeats 3 --torc
 """
 from __future__ import annotations
 
-import os
+import argparse
+import importlib.util
 import shlex
+import statistics
 import sys
+import tempfile
+import time
 
-os.environ["JAX_PLATFORMS"] = "cpu"
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from flax import nnx
 
-import argparse  # noqa: E402
-import importlib.util  # noqa: E402
-import statistics  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from flax import nnx  # noqa: E402
-
-from mercury_jax.bench.report import markdown_table, write_section  # noqa: E402
-from models.qwen35_moe import config as C  # noqa: E402
-from models.qwen35_moe.hf import load_hf  # noqa: E402
+from mercury_jax.bench import jax_setup
+from mercury_jax.bench.report import markdown_table, write_section
+from models.qwen35_moe import config as C
+from models.qwen35_moe.hf import load_hf
 
 LOGIT_ATOL = 1e-4
 CONFIG = dict(vocab_size=4096, num_hidden_layers=4, hidden_size=256, num_attention_heads=4, num_key_value_heads=2,
@@ -131,6 +128,7 @@ def bench_shape(ours, hf, batch, steps, vocab, repeats, seed):
 
 
 def main():
+    jax_setup.configure(platforms="cpu", override_platforms=True)  # the numbers are this host's
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default="1x128,2x256", help="comma-separated BxT")
     parser.add_argument("--repeats", type=int, default=3)

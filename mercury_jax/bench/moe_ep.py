@@ -8,28 +8,25 @@ TPU. Needs libtpu importable (it is not a runtime dependency):
 """
 from __future__ import annotations
 
-import os
+import argparse
+import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.experimental import topologies
+from jax.sharding import NamedSharding, PartitionSpec
 
-import argparse  # noqa: E402
-import re  # noqa: E402
-import time  # noqa: E402
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from flax import nnx  # noqa: E402
-from jax.experimental import topologies  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
-
-from mercury_jax.bench.report import markdown_table, write_section  # noqa: E402
-from mercury_jax.parallel.mesh import make_mesh  # noqa: E402
-from mercury_jax.parallel.sharding import variable_sharding  # noqa: E402
-from models.qwen35_moe.config import PRESETS  # noqa: E402
-from models.qwen35_moe.moe import SparseMoe  # noqa: E402
+from mercury_jax.bench import jax_setup
+from mercury_jax.bench.hlo_bytes import collective_ops
+from mercury_jax.bench.report import markdown_table, write_section
+from mercury_jax.bench.rooflines import program_bytes
+from mercury_jax.parallel.mesh import make_mesh
+from mercury_jax.parallel.sharding import variable_sharding
+from models.qwen35_moe.config import PRESETS
+from models.qwen35_moe.moe import SparseMoe
 
 DEFAULT_RUNS = ("v5p:2x2x1=expert:4", "v5p:2x2x2=expert:8", "v5p:2x2x4=expert:16")
-_COLLECTIVE = re.compile(r"\b(ragged-all-to-all|all-to-all|all-gather|all-reduce|reduce-scatter)(?:-start)?\(")
 
 
 def compile_layer(preset: str, topology: str, mesh_shape: dict, tokens_per_chip: int, seq: int,
@@ -56,13 +53,12 @@ def compile_layer(preset: str, topology: str, mesh_shape: dict, tokens_per_chip:
     with jax.set_mesh(mesh):
         compiled = step.lower(params, x).compile()
     seconds = time.perf_counter() - start
-    ops = {}
-    for op in _COLLECTIVE.findall(compiled.as_text()):
-        ops[op] = ops.get(op, 0) + 1
+    ops = collective_ops(compiled.as_text())
     return compiled.memory_analysis(), seconds, ops, len(devices)
 
 
 def main():
+    jax_setup.configure(platforms="cpu")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="qwen3.5-35b-a3b", choices=sorted(PRESETS))
     parser.add_argument("--runs", nargs="+", default=list(DEFAULT_RUNS),
@@ -82,8 +78,7 @@ def main():
         mesh_shape = {k: int(v) for k, v in (item.split(":") for item in mesh_text.split("/"))}
         memory, seconds, ops, chips = compile_layer(args.preset, topology, mesh_shape, tokens_per_chip, seq,
                                                     args.round_factor)
-        total = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
-                 - memory.alias_size_in_bytes)
+        total = program_bytes(memory)
         rows.append([topology, chips, mesh_text, tokens_per_chip, f"{memory.argument_size_in_bytes / gib:.2f}",
                      f"{memory.temp_size_in_bytes / gib:.2f}", f"{total / gib:.2f}",
                      ", ".join(f"{k} x{v}" for k, v in sorted(ops.items())), f"{seconds:.0f}"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from mercury_jax.bench.report import V5P_HBM_BYTES_PER_S, V5P_PEAK_FLOPS
+from mercury_jax.bench.rooflines import V5P_HBM_BYTES_PER_S, V5P_PEAK_FLOPS
 
 # (words that must all appear in the lower-cased device_kind, chip name, bf16 FLOP/s, HBM bytes/s); first match wins,
 # so a more specific kind ("tpu v5 lite") comes before the one it contains ("tpu v5")

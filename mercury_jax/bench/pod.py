@@ -4,18 +4,19 @@
     python -m mercury_jax.bench.pod --config experiments/sao.py:tiny --topology cpu --no-write   # the CI run
 
 The config's device groups are laid over the topology's chips by the trainers' own placement
-(`train/placement.py:role_meshes`, `rollout/layout.py:replica_meshes`), and every jitted program of a step is
-lowered from abstract shapes in the layout the trainer gives its inputs, by the functions the trainers call:
-rollout `decode` and `prefill` of one replica (`rollout/sampler.py`), the weight publish (`rollout/publish.py`'s
-`stage` and `send`), SAO `values` (critic forward + GAE), `critic` and `actor` steps with Adam and micro-batching
-(`train/sao_learner.py`), pivot-GRPO `reference` log-probs and `grpo` step (`train/grpo_learner.py`). Nothing is
+(`train/placement.py:role_meshes`, the roles of the pipeline `config.pipeline` names; `rollout/layout.py:
+replica_meshes`), and every jitted program of a step is lowered from abstract shapes in the layout the trainer gives
+its inputs, by the functions the trainers call (`pod_programs.py`): rollout `decode` and `prefill` of one replica
+(`rollout/sampler.py`), the weight publish (`rollout/publish.py`'s `stage` and `send`), SAO `values` (critic forward
++ GAE), `critic` and `actor` steps with Adam and micro-batching (`train/sao_learner.py`), pivot-GRPO `reference`
+log-probs and `grpo` step (`train/grpo_learner.py`), the group baseline's actor step, the SFT step. Nothing is
 allocated and nothing runs on a TPU. Learner batches take their worst case: every row `rollout.max_total_tokens`.
 
 Per program: `compiled.memory_analysis()` per chip (arguments + outputs + temporaries - aliased), plus what stays
 resident on the same chips while it runs (the other engine's weights and state, the optimiser state a forward
 does not take, the GRPO reference beside the actor), against `--headroom` (default 80%) of the chip's HBM;
-compile seconds; XLA's cost analysis (FLOPs, bytes accessed) beside the model FLOPs counted by hand (6 N T
-for a training step, 2 N T for a forward, N the active parameters, plus causal attention) and the HBM bytes a
+compile seconds; XLA's cost analysis (FLOPs, bytes accessed) beside the model FLOPs counted by hand (`flops.py`:
+6 N T for a training step, 2 N T for a forward, N the active parameters, plus causal attention) and the HBM bytes a
 decode step must read (the weights a step touches: all but the routed experts, the expected share of distinct
 routed experts, the decode state). XLA's cost analysis counts a while loop's body once (checked on a `lax.scan`:
 one iteration's FLOPs), and every learner step and decode chunk is a loop (layers, micro-batches, decode steps),
@@ -24,88 +25,60 @@ peak and max(XLA bytes, decode bytes) / HBM bandwidth. The decode chunk's bytes 
 HLO with every loop by its trip count (`hlo_bytes.py`: the chunk minus a 1-step compile, per step, times the
 steps), what the compiled program moves rather than what it must; the roofline takes the larger. The step
 estimate and the model FLOP utilisation follow from those rooflines and the counts of each program per step
-(printed with the derivation). Exit status 1 names every program over the threshold or refused by the compiler.
+(`step_time.py`; printed with the derivation). Exit status 1 names every program over the threshold or refused by
+the compiler.
 """
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import math
 import os
+import sys
+import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")  # a single-host topology; silences libtpu's probe
+import jax
+from jax.experimental import topologies
 
-from mercury_jax.bench.hlo_bytes import bytes_per_trip, counted_collectives, dump_optimised_hlo  # noqa: E402, I001
-
-if __name__ == "__main__":  # before jax starts: the optimised HLO of every program (decode bytes, collectives)
-    dump_optimised_hlo(".*")
-
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import math  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
-from jax.experimental import topologies  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding  # noqa: E402
-
-from mercury_jax.bench.aot_tpu import (  # noqa: E402
-    abstract_opt_state,
-    abstract_state,
-    apply_overrides,
-    batch_spec,
-    load_config,
-    shardings,
+from mercury_jax.bench import jax_setup
+from mercury_jax.bench.flops import forward_flops_per_token, gdn_rule_flops_per_token
+from mercury_jax.bench.hlo_bytes import bytes_per_trip, counted_collectives
+from mercury_jax.bench.pod_programs import Program, learner_seq, pipeline_meshes, step_programs
+from mercury_jax.bench.report import markdown_table, replace_subsection
+from mercury_jax.bench.rooflines import (
+    GIB,
+    HBM_GIB,
+    V5P_HBM_BYTES_PER_S,
+    V5P_PEAK_FLOPS,
+    program_bytes,
+    roofline,
+    xla_cost,
 )
-from mercury_jax.bench.report import V5P_HBM_BYTES_PER_S, V5P_PEAK_FLOPS, markdown_table, replace_subsection  # noqa: E402
-from mercury_jax.bench.rollout_aot import abstract_engine, decode_read_bytes, laid_out, per_chip_bytes, prefill_inputs  # noqa: E402
-from mercury_jax.config.model import model_runtime, preset_config  # noqa: E402
-from mercury_jax.rollout.layout import replica_meshes  # noqa: E402
-from mercury_jax.rollout.publish import Publisher  # noqa: E402
-from mercury_jax.rollout.replicas import slots_per_replica  # noqa: E402
-from mercury_jax.rollout.sampler import _compiled, bucket_length, prefill_chunk  # noqa: E402
-from mercury_jax.train.grpo_learner import make_grpo_step, make_reference_logprobs, reference_micro_batches  # noqa: E402
-from mercury_jax.train.optim import make_optimizer  # noqa: E402
-from mercury_jax.train.placement import batch_sharding, role_meshes  # noqa: E402
-from mercury_jax.train.sao_learner import make_actor_step, make_advantage_fn, make_critic_step  # noqa: E402
-from mercury_jax.train.sft_learner import make_sft_step  # noqa: E402
-from mercury_kernels.gated_delta.pallas import chunk_macs  # noqa: E402
-from models.qwen35_moe import Qwen35MoeForCausalLM  # noqa: E402
-from models.qwen35_moe.config import PRESETS  # noqa: E402
-from models.qwen35_moe.critic import Qwen35MoeCritic, critic_trainable  # noqa: E402
+from mercury_jax.bench.run_config import apply_overrides, load_config, model_config
+from mercury_jax.bench.step_time import (
+    ASSEMBLY_ROUNDS_S,
+    DCN_BYTES_PER_S,
+    TRAJECTORY_BYTES_PER_TOKEN,
+    assembly_seconds,
+    episodes_per_step,
+    learner_rows,
+    learner_seconds,
+    max_staleness,
+    model_flop_utilisation,
+    pipeline_name,
+    rollout_seconds,
+    step_seconds,
+)
+from mercury_jax.config.model import model_runtime
+from models.qwen35_moe.config import PRESETS
 
-GIB = 2.0 ** 30
-# Async across hosts (train/async_batches.py): a batch's trajectories reach every process by a host all-gather, in
-# rounds. Per token a trajectory carries its id (int32), log-prob (fp32), action mask and policy version (int32):
-# ~13 bytes, pickled. Assumed: 12.5 GB/s (100 Gb/s) of data-centre network a host, and two rounds of ~1 ms a batch.
-TRAJECTORY_BYTES_PER_TOKEN = 13
-DCN_BYTES_PER_S = 12.5e9
-ASSEMBLY_ROUNDS_S = 2 * 1e-3
-HBM_GIB = {"v5p": 95.0}  # per chip
 # the smallest v5p slice of at least N chips (Cloud TPU's v5p topologies)
 V5P_TOPOLOGIES = {8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8", 256: "4x8x8", 512: "8x8x8",
                   1024: "8x8x16", 2048: "8x16x16"}
-
-
-@dataclasses.dataclass
-class Program:
-    """One jitted program of the run: how to lower it, where it runs, what else its chips hold meanwhile."""
-    name: str
-    chips: str                      # the device group(s) it runs on, in words
-    lower: Callable                 # () -> jax.stages.Lowered
-    resident_bytes: int = 0         # per chip, held by other arrays on the same chips while it runs
-    resident_note: str = ""
-    per_step: float = 1.0           # how many times one step runs it
-    model_flops: float = 0.0        # per run of the program, all chips together (hand count)
-    model_bytes: float = 0.0        # per chip per run: HBM bytes it must at least read (hand count; 0: none made)
-    group_chips: int = 1            # chips running it (the roofline is per chip; the group works in parallel)
-    role: str = ""                  # whose device group it runs on (other roles sharing those devices add residency)
-    counted: tuple = ()             # roles whose arrays `resident_bytes` already holds
-    one_step_lower: Callable | None = None  # a loop program's 1-trip version: the difference counts the loop's bytes
-    steps: int = 1                  # trips of that loop per run
+# the policy update of each pipeline, by program name (the per-token roofline); GRPO's runs once per minibatch
+TRAINING_PROGRAMS = ("sft step", "actor step", "grpo step")
+LEARNER_TEXT = {"sao": "values + max(K x critic step, actor step) (critic and actor chips work at once)",
+                "grpo": "reference + optimiser steps", "group_baseline": "the actor step"}
 
 
 @dataclasses.dataclass
@@ -136,233 +109,18 @@ class Result:
 
     @property
     def roofline_s(self) -> float:
-        return max(v for v in self.bounds.values() if v == v)
+        return roofline(self.bounds)[0]
 
     @property
     def bound(self) -> str:
-        bounds = self.bounds
-        return max((k for k in bounds if bounds[k] == bounds[k]), key=bounds.get)
-
-
-def model_config(config, preset: str):
-    """The run's model architecture as the trainer builds it (`config.model.preset_config`): its preset (the `:tiny`
-    overrides included) or, for a run that loads an HF checkpoint, `preset` (the checkpoint's architecture: shapes
-    need no weights)."""
-    return preset_config(config.model, config.tokenizer.vocab_size, config.model.get("preset") or preset)
-
-
-def active_parameters(cfg) -> tuple[int, int]:
-    """(parameters used per token outside the embedding lookup, total parameters): routed experts count k / E."""
-    model = nnx.eval_shape(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0)))
-    active = total = 0
-    for path, leaf in nnx.to_flat_state(nnx.state(model)):
-        size = int(np.prod(leaf.get_value().shape, dtype=np.int64))
-        total += size
-        names = [str(p) for p in path]
-        if any("embed" in n for n in names):
-            continue
-        routed = any(n.startswith("expert_") for n in names) and not any("shared" in n for n in names)
-        active += size * cfg.num_experts_per_tok // cfg.num_experts if routed else size
-    return active, total
-
-
-def attention_flops_per_token(cfg, context: int) -> float:
-    """Forward FLOPs of causal attention per token at mean context `context` / 2 (QK^T and PV) over the
-    full-attention layers; the GDN layers' state updates are linear in the heads and left to the matmul count."""
-    full_layers = sum(1 for kind in cfg.layer_types if kind == "full_attention")
-    return full_layers * 2 * 2 * cfg.num_attention_heads * cfg.head_dim * context / 2
-
-
-# -- the programs -------------------------------------------------------------------------------------------------
-
-def longest_prefill(r) -> int:
-    """Tokens of the longest prefill call of rollout section `r`: the bucket of a whole history before the last
-    turn, or the chunk a longer one is fed in (`sampler.prefill_chunk`)."""
-    return min(bucket_length(r.max_total_tokens - r.max_turn_tokens, r.max_total_tokens),
-               prefill_chunk(r.max_total_tokens))
-
-
-def rollout_programs(config, cfg, meshes: dict, *, async_mode: bool) -> tuple[list[Program], dict]:
-    """The engine's decode and largest prefill on one replica (or the single engine on the first rollout device),
-    and facts the step estimate needs."""
-    r = config.rollout
-    replica = dict(r.get("replica", {}) or {})
-    param_dtype = r.get("param_dtype", "") or None
-    rollout_devices = list(meshes["rollout"].devices.flat)
-    if replica:
-        replicas = replica_meshes(rollout_devices, replica)
-        mesh, count = replicas[0], len(replicas)
-        slots = slots_per_replica(r.num_slots, count)
-    else:
-        replicas, mesh, count, slots = [], None, 1, r.num_slots
-    model = nnx.eval_shape(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0)))
-    graphdef, params, decode_state, row_shapes, _, _ = abstract_engine(
-        model, slots, r.max_total_tokens, param_dtype, mesh=mesh, device=rollout_devices[0])
-    steps = int(r.get("steps_per_sync", 8))
-    prefill_tokens = longest_prefill(r)
-    prefill_row, decode, _, _ = _compiled(graphdef, r.max_total_tokens, mesh)
-    whole = NamedSharding(mesh, PartitionSpec()) if mesh is not None else SingleDeviceSharding(rollout_devices[0])
-    inputs = prefill_inputs(prefill_tokens, whole)
-    engine_bytes = per_chip_bytes(params) + per_chip_bytes(decode_state)
-    # async: the worker's engine samples while the evaluation engine (offloaded between evaluations) evaluates
-    other = engine_bytes if async_mode else 0
-    other_note = "the evaluation engine (async mode, during an evaluation)" if async_mode else ""
-    where = (f"rollout: 1 of {count} replicas {replica} ({slots} slots)" if replica
-             else f"rollout: one engine on 1 device ({slots} slots)")
-    active, _ = active_parameters(cfg)
-    per_token = 2 * active + attention_flops_per_token(cfg, r.max_total_tokens)
-    chips = mesh.size if mesh is not None else 1
-    step_bytes = decode_read_bytes(params, decode_state, cfg, slots)
-    weights_bytes = decode_read_bytes(params, {}, cfg, prefill_tokens)  # a long prefill touches every expert
-    programs = [
-        Program("rollout decode", where, lambda: decode.lower(params, decode_state, steps), other, other_note,
-                model_flops=per_token * slots * steps, model_bytes=step_bytes * steps, group_chips=chips,
-                role="rollout", one_step_lower=lambda: decode.lower(params, decode_state, 1), steps=steps),
-        Program("rollout prefill", where, lambda: prefill_row.lower(params, row_shapes, *inputs),
-                per_chip_bytes(decode_state) + other, "the engine's decode state" + (f" + {other_note}" if other
-                                                                                   else ""),
-                model_flops=per_token * prefill_tokens, model_bytes=weights_bytes, group_chips=chips,
-                role="rollout")]
-    facts = dict(replicas=count, slots=slots, steps=steps, prefill_tokens=prefill_tokens, replica_meshes=replicas,
-                 param_dtype=param_dtype, engine_bytes=engine_bytes, persistent=engine_bytes + other)
-    return programs, facts
-
-
-def publish_programs(meshes: dict, rollout: dict, learner_params, learner_resident: int) -> list[Program]:
-    """`stage` on the actor chips and `send` on actor + rollout chips, when the trainer's publish takes the
-    collective route (`Publisher.supports`); otherwise none (a shared device: a cast and a device_put)."""
-    if not rollout["replica_meshes"]:
-        return []
-    publisher = Publisher(rollout["replica_meshes"], rollout["param_dtype"])
-    if not publisher.supports(learner_params):
-        return []
-    lowered = {}
-
-    def lower(which):
-        if not lowered:
-            lowered["stage"], lowered["send"] = publisher.lower(learner_params)
-        return lowered[which]
-    return [Program("publish stage", f"actor ({meshes['actor'].size} chips)", lambda: lower("stage"),
-                    learner_resident, "the actor's Adam moments", role="actor"),
-            Program("publish send", "actor + rollout chips", lambda: lower("send"), rollout["engine_bytes"],
-                    "a rollout chip's engine (weights in use + decode state)", role="rollout")]
-
-
-def sao_programs(config, cfg, meshes: dict, rows: int, seq: int) -> tuple[list[Program], object, int]:
-    s = config.sao
-    active, _ = active_parameters(cfg)
-    tokens = rows * seq
-    forward = (2 * active + attention_flops_per_token(cfg, seq)) * tokens
-    programs = []
-    critic_mesh, actor_mesh = meshes["critic"], meshes["actor"]
-    graphdef, params, frozen = abstract_state(lambda: Qwen35MoeCritic(cfg, rngs=nnx.Rngs(0)), critic_mesh,
-                                              critic_trainable)
-    tx = make_optimizer(s.critic_optimizer)
-    opt_state = abstract_opt_state(tx, params, critic_mesh)
-    keys = dict(tokens=jnp.int32, action_mask=jnp.float32, rollout_logprobs=jnp.float32, rewards=jnp.float32)
-    values_fn = make_advantage_fn(graphdef, s, mesh=critic_mesh)
-    critic_batch = batch_spec(critic_mesh, rows, seq, keys, s)
-    programs.append(Program("values + GAE", f"critic ({critic_mesh.size} chips)",
-                            lambda: values_fn.lower(params, frozen, critic_batch), per_chip_bytes(opt_state),
-                            "the critic's Adam moments", model_flops=forward, group_chips=critic_mesh.size,
-                            role="critic"))
-    critic_step = make_critic_step(graphdef, tx, s, state_shardings=(shardings(params), shardings(opt_state)))
-    step_batch = batch_spec(critic_mesh, rows, seq, dict(keys, returns=jnp.float32, old_values=jnp.float32), s)
-    programs.append(Program("critic step", f"critic ({critic_mesh.size} chips)",
-                            lambda: critic_step.lower(params, frozen, opt_state, step_batch),
-                            per_step=s.critic_epochs, model_flops=3 * forward, group_chips=critic_mesh.size,
-                            role="critic"))
-    a_graphdef, a_params, a_frozen = abstract_state(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0)),
-                                                    actor_mesh, nnx.Param)
-    a_tx = make_optimizer(s.actor_optimizer)
-    a_opt = abstract_opt_state(a_tx, a_params, actor_mesh)
-    actor_step = make_actor_step(a_graphdef, a_tx, s, state_shardings=(shardings(a_params), shardings(a_opt)))
-    actor_batch = batch_spec(actor_mesh, rows, seq, dict(tokens=jnp.int32, action_mask=jnp.float32,
-                                                         rollout_logprobs=jnp.float32, advantages=jnp.float32,
-                                                         rewards=jnp.float32), s)
-    programs.append(Program("actor step", f"actor ({actor_mesh.size} chips)",
-                            lambda: actor_step.lower(a_params, a_frozen, a_opt, actor_batch),
-                            model_flops=3 * forward, group_chips=actor_mesh.size, role="actor"))
-    persistent = {"critic": per_chip_bytes((params, frozen, opt_state)),
-                  "actor": per_chip_bytes((a_params, a_frozen, a_opt))}
-    return programs, a_params, per_chip_bytes(a_opt), persistent
-
-
-def grpo_programs(config, cfg, meshes: dict, seq: int) -> tuple[list[Program], object, int]:
-    g = config.grpo
-    active, _ = active_parameters(cfg)
-    rows = g.batch_states * g.group_size
-    minibatch = rows // g.minibatches
-    forward_token = 2 * active + attention_flops_per_token(cfg, seq)
-    actor_mesh, ref_mesh = meshes["actor"], meshes["reference"]
-    a_graphdef, a_params, a_frozen = abstract_state(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0)),
-                                                    actor_mesh, nnx.Param)
-    tx = make_optimizer(g.actor_optimizer)
-    opt_state = abstract_opt_state(tx, a_params, actor_mesh)
-    reference_dtype = jnp.dtype(g.reference_dtype)
-    r_graphdef, r_state = nnx.split(nnx.eval_shape(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0))))
-    r_state = laid_out(jax.tree.map(lambda a: jax.ShapeDtypeStruct(
-        a.shape, reference_dtype if jnp.issubdtype(a.dtype, jnp.floating) else a.dtype), r_state), ref_mesh)
-    reference_fn = make_reference_logprobs(r_graphdef, mesh=ref_mesh, micro_batches=reference_micro_batches(g))
-    row_spec = batch_sharding(ref_mesh, (rows, seq))
-    tokens = jax.ShapeDtypeStruct((rows, seq), jnp.int32, sharding=row_spec)
-    segments = jax.ShapeDtypeStruct((rows, seq), jnp.int32, sharding=row_spec) if g.pack_rows else None
-    actor_bytes = per_chip_bytes((a_params, a_frozen, opt_state))
-    step = make_grpo_step(a_graphdef, tx, g, state_shardings=(shardings(a_params), shardings(opt_state)))
-    batch = batch_spec(actor_mesh, minibatch, seq, dict(tokens=jnp.int32, action_mask=jnp.float32,
-                                                        rollout_logprobs=jnp.float32, advantages=jnp.float32,
-                                                        ref_logprobs=jnp.float32), g)
-    programs = [
-        Program("reference log-probs", f"actor devices ({ref_mesh.size} chips, reference mesh)",
-                lambda: reference_fn.lower(r_state, tokens, segments), actor_bytes, "the actor's params + Adam",
-                model_flops=forward_token * rows * seq, group_chips=ref_mesh.size, role="reference",
-                counted=("actor",)),
-        Program("grpo step", f"actor ({actor_mesh.size} chips)", lambda: step.lower(a_params, a_frozen, opt_state,
-                                                                                      batch),
-                per_chip_bytes(r_state), f"the frozen reference ({g.reference_dtype})",
-                per_step=g.ppo_epochs * g.minibatches, model_flops=3 * forward_token * minibatch * seq,
-                group_chips=actor_mesh.size, role="actor", counted=("reference",))]
-    # the reference shares the actor's devices and each program above counts the other: nothing to add there
-    persistent = {"actor": actor_bytes, "reference": per_chip_bytes(r_state)}
-    return programs, a_params, per_chip_bytes(opt_state), persistent
-
-
-def sft_programs(config, cfg, meshes: dict) -> tuple[list[Program], object, int, dict]:
-    """The SFT step (Adam, micro-batched as configured) on the actor's mesh, every row `sft.row_length` tokens."""
-    s = config.sft
-    rows, seq = s.batch_rows, s.row_length
-    mesh = meshes["actor"]
-    active, _ = active_parameters(cfg)
-    graphdef, params, frozen = abstract_state(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0)), mesh, nnx.Param)
-    tx = make_optimizer(s.optimizer)
-    opt_state = abstract_opt_state(tx, params, mesh)
-    step = make_sft_step(graphdef, tx, s, state_shardings=(shardings(params), shardings(opt_state)))
-    batch = batch_spec(mesh, rows, seq, dict(tokens=jnp.int32, segment_ids=jnp.int32, loss_mask=jnp.float32), s)
-    forward = (2 * active + attention_flops_per_token(cfg, seq)) * rows * seq
-    programs = [Program("sft step", f"actor ({mesh.size} chips)",
-                        lambda: step.lower(params, frozen, opt_state, batch), model_flops=3 * forward,
-                        group_chips=mesh.size, role="actor")]
-    return programs, params, per_chip_bytes(opt_state), {"actor": per_chip_bytes((params, frozen, opt_state))}
-
-
-def add_shared_residency(programs: list[Program], meshes: dict, persistent: dict) -> None:
-    """Where roles share devices (`config.devices` all 0: one device holds everything), a program's chips also
-    hold the other roles' persistent arrays (engine weights and state, learner params and Adam moments)."""
-    devices = {role: {d.id for d in mesh.devices.flat} for role, mesh in meshes.items()}
-    for program in programs:
-        mine = devices.get(program.role, set())
-        others = [role for role in persistent if role != program.role and role not in program.counted
-                  and devices.get(role, set()) & mine]
-        extra = sum(persistent[role] for role in others)
-        if extra:
-            program.resident_bytes += extra
-            note = " + ".join(f"the {role}'s arrays (same devices)" for role in others)
-            program.resident_note = f"{program.resident_note} + {note}" if program.resident_note else note
+        return roofline(self.bounds)[1]
 
 
 # -- running and reporting ----------------------------------------------------------------------------------------
 
 def compile_program(program: Program) -> Result:
+    """The program compiled: its memory per chip, XLA's costs, the collectives it receives and (a loop program) the
+    bytes its optimised HLO moves counted by trip counts; a refused compile is a result with its error."""
     result = Result(program)
     start, started = time.perf_counter(), time.time()
     try:
@@ -376,12 +134,8 @@ def compile_program(program: Program) -> Result:
     if memory is not None:
         result.arguments = memory.argument_size_in_bytes
         result.temp = memory.temp_size_in_bytes
-        result.total = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
-                        - memory.alias_size_in_bytes)
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    result.flops = float(cost.get("flops", math.nan)) if cost else math.nan
-    result.bytes_accessed = float(cost.get("bytes accessed", math.nan)) if cost else math.nan
+        result.total = program_bytes(memory)
+    result.flops, result.bytes_accessed = xla_cost(compiled)
     result.collectives = counted_collectives(started)
     if program.one_step_lower is not None and program.steps > 1:
         per_step = bytes_per_trip(started, lambda: program.one_step_lower().compile(), program.steps)
@@ -409,100 +163,68 @@ def seconds(value: float) -> str:
     return f"{value:.1f} s" if value >= 1 else f"{value * 1e3:.2f} ms"
 
 
-def episodes_per_step(config) -> int:
-    """The episodes a step trains on: SAO's prompts, GRPO's states x their group."""
-    return config.sao.batch_prompts if "sao" in config else config.grpo.batch_states * config.grpo.group_size
-
-
-def rollout_seconds(episodes: int, generated: int, prefilled: int, replicas: int, slots: int, decode_step_s: float,
-                    prefill_tokens: int, prefill_s: float) -> tuple[float, float]:
-    """(rollout seconds for a batch, seconds for one episode): the batch's decode steps with all `replicas x slots`
-    slots busy plus its prefills (ceil(prefilled / prefill_tokens) calls an episode) spread over the replicas, never
-    less than one episode, whose tokens come one decode step after another."""
-    prefills = math.ceil(prefilled / prefill_tokens)
-    episode_s = generated * decode_step_s + prefills * prefill_s
-    batch_s = (math.ceil(episodes * generated / (replicas * slots)) * decode_step_s
-               + math.ceil(episodes * prefills / replicas) * prefill_s)
-    return max(batch_s, episode_s), episode_s
-
-
-def async_step_seconds(rollout_s: float, learner_s: float, episode_s: float, max_staleness: int) -> float:
-    """An async step: the rollout and the learner overlap, and a step is never shorter than an episode over the
-    staleness bound (a trajectory may lag at most that many policy versions)."""
-    free = max(rollout_s, learner_s)
-    return max(free, episode_s / max_staleness) if max_staleness else free
+def step_figures(config, results: list[Result], rollout: dict, generated: int, chips: int) -> dict:
+    """The step estimate's figures from the programs' rooflines (`step_time.py`): the rollout of a batch and of one
+    episode, the learner, the publish, the async batch assembly, the step, and the model FLOPs and MFU."""
+    by_name = {r.program.name: r for r in results}
+    r = config.rollout
+    episodes = episodes_per_step(config)
+    prefilled = max(r.max_total_tokens - generated, 0)
+    decode, prefill = by_name["rollout decode"], by_name["rollout prefill"]
+    decode_step_s = decode.roofline_s / rollout["steps"]
+    rollout_s, episode_s = rollout_seconds(episodes, generated, prefilled, rollout["replicas"], rollout["slots"],
+                                           decode_step_s, rollout["prefill_tokens"], prefill.roofline_s)
+    learner = [x for x in results if not x.program.name.startswith(("rollout", "publish"))]
+    learner_s = learner_seconds(pipeline_name(config),
+                                {x.program.name: x.roofline_s * x.program.per_step for x in learner})
+    publish_s = sum(x.roofline_s for x in results if x.program.name.startswith("publish"))
+    async_mode = r.get("mode", "sync") == "async"
+    # async: every host receives the whole batch before the learner starts; the rollout hosts take part in each
+    # publish (its send reads and writes their HBM while they decode), so it costs both sides
+    assembly_s = assembly_seconds(episodes, r.max_total_tokens) if async_mode else 0.0
+    staleness = max_staleness(config)
+    step_s = step_seconds(async_mode, rollout_s, learner_s, episode_s, staleness, publish_s, assembly_s)
+    rollout_flops = decode.program.model_flops / rollout["steps"] / rollout["slots"] * episodes * generated
+    rollout_flops += prefill.program.model_flops / rollout["prefill_tokens"] * episodes * prefilled
+    flops = rollout_flops + sum(x.program.model_flops * x.program.per_step for x in learner)
+    return dict(episodes=episodes, generated=generated, prefilled=prefilled, decode_step_s=decode_step_s,
+                prefill_s=prefill.roofline_s, rollout_s=rollout_s, episode_s=episode_s, learner_s=learner_s,
+                publish_s=publish_s, assembly_s=assembly_s, staleness=staleness, step_s=step_s, flops=flops,
+                mfu=model_flop_utilisation(flops, chips, V5P_PEAK_FLOPS, step_s), async_mode=async_mode)
 
 
 def step_estimate(config, results: list[Result], rollout: dict, generated: int, chips: int) -> str:
     """Seconds per step from the rooflines (lower bounds) and the model FLOP utilisation they imply, in words."""
-    by_name = {r.program.name: r for r in results}
-    pipeline = "sao" if "sao" in config else "grpo"
-    r = config.rollout
-    episodes = episodes_per_step(config)
-    prefilled = max(r.max_total_tokens - generated, 0)
-    decode, prefill = by_name.get("rollout decode"), by_name.get("rollout prefill")
+    f = step_figures(config, results, rollout, generated, chips)
+    pipeline, r = pipeline_name(config), config.rollout
     slots_total = rollout["replicas"] * rollout["slots"]
-    decode_steps = math.ceil(episodes * generated / slots_total)
-    prefill_calls = episodes * math.ceil(prefilled / rollout["prefill_tokens"])
-    rollout_s, episode_s = rollout_seconds(episodes, generated, prefilled, rollout["replicas"], rollout["slots"],
-                                           decode.roofline_s / rollout["steps"], rollout["prefill_tokens"],
-                                           prefill.roofline_s)
-    learner = [x for x in results if not x.program.name.startswith(("rollout", "publish"))]
-    learner_s = sum(x.roofline_s * x.program.per_step for x in learner)
-    if pipeline == "sao":  # the critic's K steps and the actor step run on their own chips at the same time
-        values, critic, actor = by_name["values + GAE"], by_name["critic step"], by_name["actor step"]
-        learner_s = values.roofline_s + max(critic.roofline_s * critic.program.per_step, actor.roofline_s)
-    publish_s = sum(x.roofline_s for x in results if x.program.name.startswith("publish"))
-    mode = r.get("mode", "sync")
-    async_mode = mode == "async"
-    # async: every host receives the whole batch before the learner starts; the rollout hosts take part in each
-    # publish (its send reads and writes their HBM while they decode), so it costs both sides
-    assembly_s = (episodes * r.max_total_tokens * TRAJECTORY_BYTES_PER_TOKEN / DCN_BYTES_PER_S + ASSEMBLY_ROUNDS_S
-                  if async_mode else 0.0)
-    staleness = config.sao.max_staleness if pipeline == "sao" else 0
-    step_s = (async_step_seconds(rollout_s, assembly_s + learner_s, episode_s, staleness) + publish_s if async_mode
-              else rollout_s + learner_s + publish_s)
-    rollout_flops = decode.program.model_flops / rollout["steps"] / rollout["slots"] * episodes * generated
-    rollout_flops += prefill.program.model_flops / rollout["prefill_tokens"] * episodes * prefilled
-    learner_flops = sum(x.program.model_flops * x.program.per_step for x in learner)
-    mfu = (rollout_flops + learner_flops) / (chips * V5P_PEAK_FLOPS * step_s)
-    return (f"Step estimate ({pipeline}, {mode} mode), from the rooflines above, so a lower bound on time: "
-            f"{episodes} episodes of {generated:,} generated + {prefilled:,} prefilled tokens (assumed: "
-            f"`--generated-tokens`). Rollout: {decode_steps:,} decode steps x "
-            f"{decode.roofline_s / rollout['steps'] * 1e3:.2f} ms (every one of the {slots_total} slots busy) + "
+    decode_steps = math.ceil(f["episodes"] * generated / slots_total)
+    prefill_calls = f["episodes"] * math.ceil(f["prefilled"] / rollout["prefill_tokens"])
+    return (f"Step estimate ({pipeline}, {r.get('mode', 'sync')} mode), from the rooflines above, so a lower bound "
+            f"on time: {f['episodes']} episodes of {generated:,} generated + {f['prefilled']:,} prefilled tokens "
+            f"(assumed: `--generated-tokens`). Rollout: {decode_steps:,} decode steps x "
+            f"{f['decode_step_s'] * 1e3:.2f} ms (every one of the {slots_total} slots busy) + "
             f"{prefill_calls} prefills of {rollout['prefill_tokens']:,} tokens over {rollout['replicas']} replica(s) "
-            f"x {prefill.roofline_s * 1e3:.1f} ms, never less than one episode = **{seconds(rollout_s)}**. Learner: "
-            + ("values + max(K x critic step, actor step) (critic and actor chips work at once)" if pipeline == "sao"
-               else "reference + optimiser steps") + f" = **{seconds(learner_s)}**; publish {publish_s * 1e3:.0f} ms. "
-            + (f"Batch assembly across hosts (async): {episodes} x {r.max_total_tokens:,} tokens x "
+            f"x {f['prefill_s'] * 1e3:.1f} ms, never less than one episode = **{seconds(f['rollout_s'])}**. Learner: "
+            f"{LEARNER_TEXT.get(pipeline, 'the learner programs')} = **{seconds(f['learner_s'])}**; publish "
+            f"{f['publish_s'] * 1e3:.0f} ms. "
+            + (f"Batch assembly across hosts (async): {f['episodes']} x {r.max_total_tokens:,} tokens x "
                f"{TRAJECTORY_BYTES_PER_TOKEN} B to every host at {DCN_BYTES_PER_S / 1e9:.1f} GB/s + "
-               f"{ASSEMBLY_ROUNDS_S * 1e3:.0f} ms of rounds = {seconds(assembly_s)}. " if async_mode else "")
-            + "Step: " + (f"max(rollout, assembly + learner, episode {seconds(episode_s)} / max staleness "
-                          f"{staleness}) + publish (async: the two sides overlap; the rollout hosts join every "
-                          "publish)" if async_mode
-                          else "rollout + learner + publish (sync)") + f" = **{seconds(step_s)}**. "
+               f"{ASSEMBLY_ROUNDS_S * 1e3:.0f} ms of rounds = {seconds(f['assembly_s'])}. " if f["async_mode"] else "")
+            + "Step: " + (f"max(rollout, assembly + learner, episode {seconds(f['episode_s'])} / max staleness "
+                          f"{f['staleness']}) + publish (async: the two sides overlap; the rollout hosts join every "
+                          "publish)" if f["async_mode"]
+                          else "rollout + learner + publish (sync)") + f" = **{seconds(f['step_s'])}**. "
             f"Model FLOPs per step (hand count: 2 N per generated or prefilled token, 6 N per trained token, N the "
-            f"active parameters, plus causal attention) {(rollout_flops + learner_flops) / 1e12:,.1f} TFLOP over "
-            f"{chips} chips x {V5P_PEAK_FLOPS / 1e12:.0f} TFLOP/s x {seconds(step_s)}: **MFU {mfu:.1%}** (an upper "
-            f"bound, as the time is a lower bound).")
+            f"active parameters, plus causal attention) {f['flops'] / 1e12:,.1f} TFLOP over "
+            f"{chips} chips x {V5P_PEAK_FLOPS / 1e12:.0f} TFLOP/s x {seconds(f['step_s'])}: **MFU {f['mfu']:.1%}** "
+            f"(an upper bound, as the time is a lower bound).")
 
 
 def table(results: list[Result], hbm_bytes: float, headroom: float) -> str:
-    rows = []
-    for r in results:
-        p = r.program
-        if r.error:
-            rows.append([p.name, p.chips, "refused", "", "", "", "", f"{r.compile_s:.0f}", "", "", "", "", "", "",
-                         r.error[:80], ""])
-            continue
-        fits = "fits" if r.peak <= headroom * hbm_bytes else "**over**"
-        ratio = r.flops * p.group_chips / p.model_flops if p.model_flops and r.flops == r.flops else math.nan
-        rows.append([p.name, p.chips, f"{r.arguments / GIB:.2f}", f"{r.temp / GIB:.2f}", f"{r.total / GIB:.2f}",
-                     f"{p.resident_bytes / GIB:.2f}", f"{r.peak / GIB:.2f} ({r.peak / hbm_bytes:.0%}, {fits})",
-                     f"{r.compile_s:.0f}", f"{r.flops / 1e12:.3f}", f"{p.model_flops / p.group_chips / 1e12:.3f}",
-                     f"{ratio:.2f}", f"{r.bytes_accessed / GIB:.2f}", f"{p.model_bytes / GIB:.2f}" if p.model_bytes
-                     else "", f"{r.counted_bytes / GIB:.2f}" if r.counted_bytes == r.counted_bytes else "",
-                     f"{r.roofline_s * 1e3:.2f} ({r.bound})", collectives_text(r.collectives)])
+    """The programs' table (memory, compile seconds, XLA's and the hand counts, roofline, collectives) and what
+    each one's resident bytes are."""
+    rows = [_table_row(r, hbm_bytes, headroom) for r in results]
     headers = ["program", "chips", "arguments GiB/chip", "temp GiB/chip", "program GiB/chip", "resident GiB/chip",
                "peak GiB/chip (of HBM)", "compile s", "XLA TFLOP/chip", "model TFLOP/chip", "XLA / model FLOPs",
                "XLA GiB accessed/chip", "must-read GiB/chip", "counted GiB/chip", "roofline ms (bound)",
@@ -511,7 +233,19 @@ def table(results: list[Result], hbm_bytes: float, headroom: float) -> str:
     return markdown_table(headers, rows) + ("\n\n" + "\n".join(notes) if notes else "")
 
 
-TRAINING_PROGRAMS = {"sft step": "sft", "actor step": "sao", "grpo step": "grpo"}
+def _table_row(r: Result, hbm_bytes: float, headroom: float) -> list:
+    p = r.program
+    if r.error:
+        return [p.name, p.chips, "refused", "", "", "", "", f"{r.compile_s:.0f}", "", "", "", "", "", "",
+                r.error[:80], ""]
+    fits = "fits" if r.peak <= headroom * hbm_bytes else "**over**"
+    ratio = r.flops * p.group_chips / p.model_flops if p.model_flops and r.flops == r.flops else math.nan
+    return [p.name, p.chips, f"{r.arguments / GIB:.2f}", f"{r.temp / GIB:.2f}", f"{r.total / GIB:.2f}",
+            f"{p.resident_bytes / GIB:.2f}", f"{r.peak / GIB:.2f} ({r.peak / hbm_bytes:.0%}, {fits})",
+            f"{r.compile_s:.0f}", f"{r.flops / 1e12:.3f}", f"{p.model_flops / p.group_chips / 1e12:.3f}",
+            f"{ratio:.2f}", f"{r.bytes_accessed / GIB:.2f}", f"{p.model_bytes / GIB:.2f}" if p.model_bytes
+            else "", f"{r.counted_bytes / GIB:.2f}" if r.counted_bytes == r.counted_bytes else "",
+            f"{r.roofline_s * 1e3:.2f} ({r.bound})", collectives_text(r.collectives)]
 
 
 def per_token_text(results: list[Result], rows: int, seq: int) -> str:
@@ -519,13 +253,13 @@ def per_token_text(results: list[Result], rows: int, seq: int) -> str:
     chip group spends on one token of its batch) and the collectives it receives per step."""
     lines = []
     for r in results:
-        pipeline = TRAINING_PROGRAMS.get(r.program.name)
-        if pipeline is None or r.error:
+        if r.program.name not in TRAINING_PROGRAMS or r.error:
             continue
-        tokens = rows * seq / r.program.per_step if pipeline == "grpo" else rows * seq
+        grpo = r.program.name == "grpo step"
+        tokens = rows * seq / r.program.per_step if grpo else rows * seq
         received = sum((r.collectives or {}).values())
         lines.append(f"{r.program.name}: roofline {r.roofline_s:.2f} s for {tokens:,.0f} tokens ({rows} rows x "
-                     f"{seq:,}{' / ' + str(r.program.per_step) + ' minibatches' if pipeline == 'grpo' else ''}) = "
+                     f"{seq:,}{' / ' + str(r.program.per_step) + ' minibatches' if grpo else ''}) = "
                      f"**{r.roofline_s / tokens * 1e6:.2f} us a token** on {r.program.group_chips} chips "
                      f"({r.roofline_s / tokens * 1e6 * r.program.group_chips:.1f} chip-us a token); collectives "
                      f"received {received / GIB:.1f} GiB a chip a run")
@@ -534,18 +268,16 @@ def per_token_text(results: list[Result], rows: int, seq: int) -> str:
 
 def gdn_split_text(cfg, meshes: dict, seq: int) -> str:
     """What splitting rows over 'sequence' adds to the Gated DeltaNet (docs/MODEL.md §8): the span map's first pass
-    of the rule at width V + K, counted by the Pallas kernel's own multiply-adds (`chunk_macs`), per token and as a
-    share of the model's forward FLOPs a token; blank when no learner mesh splits rows."""
+    of the rule at width V + K, counted by the Pallas kernel's own multiply-adds (`flops.gdn_rule_flops_per_token`),
+    per token and as a share of the model's forward FLOPs a token; blank when no learner mesh splits rows."""
     split = {role: mesh.shape.get("sequence", 1) for role, mesh in meshes.items() if mesh.shape.get("sequence", 1) > 1}
     if not split:
         return ""
     C, K, V = cfg.gdn_chunk_size, cfg.linear_key_head_dim, cfg.linear_value_head_dim
     gdn_layers = sum(1 for kind in cfg.layer_types if kind != "full_attention")
-    per_token = 2 * gdn_layers * cfg.linear_num_value_heads / C  # FLOPs per multiply-add, chunk MACs per token
-    rule = per_token * chunk_macs(C, K, V)
-    extra = per_token * chunk_macs(C, K, V + K)
-    active, _ = active_parameters(cfg)
-    forward = 2 * active + attention_flops_per_token(cfg, seq)
+    rule = gdn_rule_flops_per_token(cfg, V)
+    extra = gdn_rule_flops_per_token(cfg, V + K)
+    forward = forward_flops_per_token(cfg, seq)
     return (f"- rows split over `sequence` ({', '.join(f'{r} {n}' for r, n in split.items())}): the GDN rule costs "
             f"{rule / 1e6:.1f} MFLOP a token forward ({gdn_layers} layers x {cfg.linear_num_value_heads} heads, chunk "
             f"{C}); the span maps' first pass at width V + K = {V + K} adds **{extra / 1e6:.1f} MFLOP a token "
@@ -580,7 +312,7 @@ def topology_devices(topology: str, needed: int) -> tuple[list, str, float]:
     return list(devices), topology, HBM_GIB[topology.split(":")[0]] * GIB
 
 
-def run(argv=None) -> int:
+def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="experiments/sao.py")
     parser.add_argument("--topology", default="", help="v5p:AxBxC, or 'cpu' (this host's devices); default: the "
@@ -595,41 +327,11 @@ def run(argv=None) -> int:
     parser.add_argument("--only", default="", help="comma-separated program names to compile (default: all)")
     parser.add_argument("--label", default="", help="this run's heading in BENCHMARKS.md (default from the config)")
     parser.add_argument("--no-write", action="store_true", help="do not write the BENCHMARKS.md section")
-    args = parser.parse_args(argv)
-    config = load_config(args.config)
-    apply_overrides(config, args.set)
-    pipeline = "sao" if "sao" in config else "grpo" if "grpo" in config else "sft"
-    groups = dict(config.devices)
-    needed = sum(groups.values()) or 1
-    devices, topology, hbm_bytes = topology_devices(args.topology, needed)
-    cfg = model_config(config, args.preset)
-    roles = {"sao": ("rollout", "actor", "critic"), "grpo": ("rollout", "actor", "reference"),
-             "sft": ("actor",)}[pipeline]
-    meshes = role_meshes(config, roles, devices=devices)
-    chips = needed
-    if pipeline == "sft":
-        seq = config.sft.row_length
-        programs, _, _, persistent = sft_programs(config, cfg, meshes)
-        facts = None
-    else:
-        seq = config.rollout.max_total_tokens
-        rollout, facts = rollout_programs(config, cfg, meshes,
-                                          async_mode=config.rollout.get("mode", "sync") == "async")
-        if pipeline == "sao":
-            learner, actor_params, actor_opt_bytes, persistent = sao_programs(config, cfg, meshes,
-                                                                              config.sao.batch_prompts, seq)
-        else:
-            learner, actor_params, actor_opt_bytes, persistent = grpo_programs(config, cfg, meshes, seq)
-        persistent["rollout"] = facts["persistent"]
-        programs = rollout + publish_programs(meshes, facts, actor_params, actor_opt_bytes) + learner
-    add_shared_residency(programs, meshes, persistent)
-    every_program = {p.name for p in programs}
-    if args.only:
-        wanted = {name.strip() for name in args.only.split(",")}
-        programs = [p for p in programs if p.name in wanted]
-    model_name = config.model.get("preset") or args.preset
-    print(f"{args.config} ({pipeline}, {model_name}) on {topology}: {len(devices)} devices, groups {groups}; HBM "
-          f"{hbm_bytes / GIB:.1f} GiB a chip, threshold {args.headroom:.0%}", flush=True)
+    return parser.parse_args(argv)
+
+
+def compile_all(programs: list[Program]) -> list[Result]:
+    """Each program compiled in turn, a line printed as each one finishes."""
     results = []
     for program in programs:
         results.append(compile_program(program))
@@ -637,37 +339,67 @@ def run(argv=None) -> int:
         print(f"  {program.name:22s} {program.chips}: " + (f"FAILED {r.error}" if r.error else
               f"{r.total / GIB:.2f} GiB program + {program.resident_bytes / GIB:.2f} resident, compile "
               f"{r.compile_s:.0f} s, roofline {r.roofline_s * 1e3:.2f} ms"), flush=True)
+    return results
+
+
+def run(argv=None) -> int:
+    """Compile every program of the config's step (or `--only` some) and print (and write) the proof; 1 when a
+    program does not fit or is refused."""
+    args = parse_args(argv)
+    config = load_config(args.config)
+    apply_overrides(config, args.set)
+    pipeline = pipeline_name(config)
+    groups = dict(config.devices)
+    chips = sum(groups.values()) or 1
+    devices, topology, hbm_bytes = topology_devices(args.topology, chips)
+    cfg = model_config(config, args.preset)
+    meshes = pipeline_meshes(config, devices)
+    seq = learner_seq(config)
+    programs, facts = step_programs(config, cfg, meshes)
+    every_program = {p.name for p in programs}
+    if args.only:
+        wanted = {name.strip() for name in args.only.split(",")}
+        programs = [p for p in programs if p.name in wanted]
+    model_name = config.model.get("preset") or args.preset
+    print(f"{args.config} ({pipeline}, {model_name}) on {topology}: {len(devices)} devices, groups {groups}; HBM "
+          f"{hbm_bytes / GIB:.1f} GiB a chip, threshold {args.headroom:.0%}", flush=True)
+    results = compile_all(programs)
     body = table(results, hbm_bytes, args.headroom)
     problems = verdicts(results, hbm_bytes, args.headroom)
+    complete = every_program == {r.program.name for r in results if not r.error}  # the estimate needs them all
     estimate = ""
-    names = {r.program.name for r in results if not r.error}
-    complete = every_program == names  # the estimate needs every program's roofline
     if complete and facts is not None:
         generated = args.generated_tokens or config.rollout.max_turn_tokens
         estimate = step_estimate(config, results, facts, generated, chips)
-    rows = {"sao": lambda: config.sao.batch_prompts, "sft": lambda: config.sft.batch_rows,
-            "grpo": lambda: config.grpo.batch_states * config.grpo.group_size}[pipeline]()
+    rows = learner_rows(config)
     per_token = "\n".join(t for t in (per_token_text(results, rows, seq), gdn_split_text(cfg, meshes, seq)) if t)
-    print(body)
-    print(per_token)
-    print(estimate)
     verdict = ("**Every program fits** within " + f"{args.headroom:.0%} of HBM." if not problems
                else "**Does not fit**:\n" + "\n".join(f"- {p}" for p in problems))
-    print(verdict)
+    print("\n".join((body, per_token, estimate, verdict)))
     if not args.no_write:
-        label = args.label or f"{args.config} ({model_name}, {topology})"
-        command = ("PYTHONPATH=<libtpu dir>:. python -m mercury_jax.bench.pod --config " + args.config +
-                   (f" --topology {args.topology}" if args.topology else "") + "".join(f" --set {s}" for s in args.set)
-                   + (f" --preset {args.preset}" if not config.model.get("preset") else ""))
         rollout_text = ("" if facts is None else f"rollout {config.rollout.get('mode', 'sync')}, {facts['replicas']} "
                         f"replica(s) x {facts['slots']} slots; ")
         text = (f"Groups {groups} over `{topology}`; meshes {meshes_text(meshes)}; {rollout_text}learner batches "
                 f"{rows} rows x {seq:,} tokens (worst case); model runtime {model_runtime(config.model)}.\n\n" + body
-                + ("\n\n" + per_token if per_token else "")
-                + ("\n\n" + estimate if estimate else "") + "\n\n" + verdict)
-        replace_subsection("pod", label, text, command)
+                + "".join(f"\n\n{part}" for part in (per_token, estimate) if part) + "\n\n" + verdict)
+        replace_subsection("pod", args.label or f"{args.config} ({model_name}, {topology})", text,
+                           command_line(args, config))
     return 1 if problems else 0
 
 
+def command_line(args, config) -> str:
+    """The command that reproduces this run, for BENCHMARKS.md."""
+    return ("PYTHONPATH=<libtpu dir>:. python -m mercury_jax.bench.pod --config " + args.config
+            + (f" --topology {args.topology}" if args.topology else "") + "".join(f" --set {s}" for s in args.set)
+            + (f" --preset {args.preset}" if not config.model.get("preset") else ""))
+
+
+def main() -> int:
+    """JAX on this host's CPU (the TPU topology is compiled for, not run on), XLA dumping every program's optimised
+    HLO (decode bytes, collectives), then `run`."""
+    jax_setup.configure(platforms="cpu", tpu_topology=True, hlo_dump=".*")
+    return run()
+
+
 if __name__ == "__main__":
-    sys.exit(run())
+    sys.exit(main())

@@ -22,34 +22,44 @@ layout is then checked whole by `bench.pod`.
 """
 from __future__ import annotations
 
-import os
+import argparse
+import dataclasses
+import itertools
+import math
+import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+from flax import nnx
 
-from mercury_jax.bench.hlo_bytes import bytes_per_trip, dump_optimised_hlo  # noqa: E402, I001
-
-if __name__ == "__main__":  # before jax starts: the decode chunks' optimised HLO, for their bytes
-    dump_optimised_hlo()
-
-from mercury_jax.bench.pod import (  # noqa: E402, I001
-    GIB, active_parameters, async_step_seconds, attention_flops_per_token, episodes_per_step, grpo_programs,
-    load_config, longest_prefill, model_config, rollout_seconds, sao_programs, topology_devices)
-
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import itertools  # noqa: E402
-import math  # noqa: E402
-import time  # noqa: E402
-
-from flax import nnx  # noqa: E402
-
-from mercury_jax.bench.report import V5P_HBM_BYTES_PER_S, V5P_PEAK_FLOPS, markdown_table, replace_subsection  # noqa: E402
-from mercury_jax.bench.rollout_aot import abstract_engine, decode_read_bytes, per_chip_bytes  # noqa: E402
-from mercury_jax.rollout.layout import replica_meshes  # noqa: E402
-from mercury_jax.rollout.sampler import _compiled  # noqa: E402
-from mercury_jax.train.placement import role_meshes  # noqa: E402
-from models.qwen35_moe import Qwen35MoeForCausalLM  # noqa: E402
+from mercury_jax.bench import jax_setup
+from mercury_jax.bench.abstract import abstract_engine
+from mercury_jax.bench.flops import forward_flops_per_token
+from mercury_jax.bench.hlo_bytes import bytes_per_trip
+from mercury_jax.bench.pod import topology_devices
+from mercury_jax.bench.pod_programs import learner_programs, longest_prefill, pipeline_meshes
+from mercury_jax.bench.report import markdown_table, replace_subsection
+from mercury_jax.bench.rooflines import (
+    GIB,
+    V5P_HBM_BYTES_PER_S,
+    V5P_PEAK_FLOPS,
+    decode_read_bytes,
+    per_chip_bytes,
+    program_bytes,
+)
+from mercury_jax.bench.run_config import load_config, model_config
+from mercury_jax.bench.step_time import (
+    episodes_per_step,
+    learner_rows,
+    learner_seconds,
+    max_staleness,
+    model_flop_utilisation,
+    pipeline_name,
+    rollout_seconds,
+    step_seconds,
+)
+from mercury_jax.config.registry import pipeline as registered_pipeline
+from mercury_jax.rollout.layout import replica_meshes
+from mercury_jax.rollout.sampler import _compiled
+from models.qwen35_moe import Qwen35MoeForCausalLM
 
 REPLICAS = ({"tensor": 4}, {"tensor": 2})  # within one v5p host (4 chips): no replica spans hosts
 SLOTS = (4, 8, 16, 32)
@@ -78,9 +88,7 @@ def decode_costs(config, cfg, devices, steps: int) -> dict:
         per_step = bytes_per_trip(started, one_trip, steps)
         if per_step is None:
             per_step = decode_read_bytes(params, state, cfg, slots)
-        memory = compiled.memory_analysis()
-        program = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
-                   - memory.alias_size_in_bytes)
+        program = program_bytes(compiled.memory_analysis())
         found[(tuple(shape.items()), slots)] = Decode(per_step / V5P_HBM_BYTES_PER_S, program / GIB,
                                                       (per_chip_bytes(params) + per_chip_bytes(state)) / GIB)
         print(f"  decode {shape} x {slots} slots: {per_step / GIB:.2f} GiB a step, "
@@ -91,22 +99,17 @@ def decode_costs(config, cfg, devices, steps: int) -> dict:
 
 def learner_flops(config, cfg, devices) -> list[tuple[str, str, float]]:
     """(program, role, model FLOPs per step) of the learner, from `bench.pod`'s counts (nothing compiled)."""
-    pipeline = "sao" if "sao" in config else "grpo"
-    roles = ("rollout", "actor", "critic") if pipeline == "sao" else ("rollout", "actor", "reference")
-    meshes = role_meshes(config, roles, devices=devices)
-    seq = config.rollout.max_total_tokens
-    programs = (sao_programs(config, cfg, meshes, config.sao.batch_prompts, seq) if pipeline == "sao"
-                else grpo_programs(config, cfg, meshes, seq))[0]
+    programs = learner_programs(config, cfg, pipeline_meshes(config, devices)).programs
     return [(p.name, p.role, p.model_flops * p.per_step) for p in programs]
 
 
 def splits(config, total: int) -> list[dict]:
-    """Device splits of `total` chips whose learner groups divide the batch rows."""
-    if "sao" in config:
-        rows = config.sao.batch_prompts
+    """Device splits of `total` chips whose learner groups divide the batch rows: SAO's rollout / actor / critic,
+    another RL pipeline's rollout / actor."""
+    rows = learner_rows(config)
+    if pipeline_name(config) == "sao":
         return [dict(rollout=total - a - c, actor=a, critic=c) for a in (16, 32, 64) for c in (16, 32, 64)
                 if total - a - c >= 16 and rows % a == 0 and rows % c == 0]
-    rows = config.grpo.batch_states * config.grpo.group_size
     return [dict(rollout=total - a, actor=a) for a in (16, 32, 64, 96) if total - a >= 16 and rows % a == 0]
 
 
@@ -119,10 +122,8 @@ def evaluate(config, cfg, decode: dict, learner: list, split: dict, shape: dict,
         return None
     replicas = split["rollout"] // per_replica
     cost = decode[(tuple(shape.items()), slots)]
-    sao = "sao" in config
     episodes = episodes_per_step(config)
-    active, _ = active_parameters(cfg)
-    per_token = 2 * active + attention_flops_per_token(cfg, r.max_total_tokens)
+    per_token = forward_flops_per_token(cfg, r.max_total_tokens)
     prefill_tokens = longest_prefill(r)
     prefilled = max(r.max_total_tokens - generated, 0)
     prefill_s = per_token * prefill_tokens / (per_replica * V5P_PEAK_FLOPS)
@@ -131,25 +132,21 @@ def evaluate(config, cfg, decode: dict, learner: list, split: dict, shape: dict,
     chips = {role: split[role] for role in split}
     seconds = {name: flops / (chips["critic" if role == "critic" else "actor"] * V5P_PEAK_FLOPS)
                for name, role, flops in learner}
-    if sao:
-        learner_s = seconds["values + GAE"] + max(seconds["critic step"], seconds["actor step"])
-    else:
-        learner_s = sum(seconds.values())
+    learner_s = learner_seconds(pipeline_name(config), seconds)
     async_mode = r.get("mode", "sync") == "async"
-    bound = config.sao.max_staleness if sao else 0
-    free_step = max(rollout_s, learner_s) if async_mode else rollout_s + learner_s
-    step = async_step_seconds(rollout_s, learner_s, episode_s, bound) if async_mode else free_step
+    free_step = step_seconds(async_mode, rollout_s, learner_s, episode_s, 0)  # no staleness bound
+    step = step_seconds(async_mode, rollout_s, learner_s, episode_s, max_staleness(config))
     flops = per_token * episodes * (generated + prefilled) + sum(f for _, _, f in learner)
     resident = cost.engine_gib if async_mode else 0.0  # the evaluation engine beside the worker's (async)
     return dict(split=split, shape=shape, slots=slots, replicas=replicas, decode_ms=cost.step_s * 1e3,
                 rollout_s=rollout_s, learner_s=learner_s, episode_s=episode_s, free_step=free_step, step=step,
                 staleness=math.ceil(episode_s / step) if async_mode else 0,
                 free_staleness=math.ceil(episode_s / free_step) if async_mode else 0,
-                idle=1 - learner_s / step, mfu=flops / (sum(split.values()) * V5P_PEAK_FLOPS * step),
+                idle=1 - learner_s / step, mfu=model_flop_utilisation(flops, sum(split.values()), V5P_PEAK_FLOPS, step),
                 decode_gib=cost.program_gib + resident)
 
 
-def run(argv=None) -> int:
+def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="experiments/sao.py")
     parser.add_argument("--preset", default="qwen3.5-35b-a3b")
@@ -160,32 +157,31 @@ def run(argv=None) -> int:
     parser.add_argument("--max-staleness", type=int, default=-1,
                         help="SAO's sao.max_staleness for this search (default: the config's); not written")
     parser.add_argument("--write", action="store_true")
-    args = parser.parse_args(argv)
-    config = load_config(args.config)
-    if args.max_staleness >= 0 and "sao" in config:
-        config.sao.max_staleness = args.max_staleness
-        args.write = False  # a what-if, not the run's layout
+    return parser.parse_args(argv)
+
+
+def search(config, cfg, devices, hbm_bytes: float, generated: int, headroom: float) -> list[dict]:
+    """Every layout within `headroom` of HBM, fastest step first (then least staleness), each marked whether it
+    is the config's own (`released`) and whether `bench.pod` compiled its learner groups."""
     total = sum(dict(config.devices).values())
-    devices, topology, hbm_bytes = topology_devices(args.topology, total)
-    cfg = model_config(config, args.preset)
-    generated = args.generated_tokens or config.rollout.max_turn_tokens
-    print(f"{args.config} on {topology}: {total} chips; searching replica shapes {REPLICAS} x slots {SLOTS}",
-          flush=True)
     decode = decode_costs(config, cfg, devices, int(config.rollout.get("steps_per_sync", 8)))
     learner = learner_flops(config, cfg, devices)
     released = dict(config.devices)
     rows = []
     for split, shape, slots in itertools.product(splits(config, total), REPLICAS, SLOTS):
         result = evaluate(config, cfg, decode, learner, split, shape, slots, generated)
-        if result is None or result["decode_gib"] > args.headroom * hbm_bytes / GIB:
+        if result is None or result["decode_gib"] > headroom * hbm_bytes / GIB:
             continue
         result["released"] = (split == released and shape == dict(config.rollout.replica)
                               and slots * result["replicas"] == config.rollout.num_slots)
         result["learner_compiled"] = all(split[k] == released.get(k) for k in split if k != "rollout")
         rows.append(result)
     rows.sort(key=lambda x: (x["step"], x["staleness"]))
-    shown = rows[:args.top] + [x for x in rows[args.top:] if x["released"]]
-    table = markdown_table(
+    return rows
+
+
+def layout_table(shown: list[dict]) -> str:
+    return markdown_table(
         ["devices (rollout / learner)", "replica", "slots a replica (all)", "decode ms a step", "rollout s",
          "learner s", "episode s", "step s (staleness)", "learner idle", "MFU bound", "decode GiB/chip",
          "learner memory"],
@@ -196,16 +192,42 @@ def run(argv=None) -> int:
                                                    if x["free_step"] < x["step"] else ""),
           f"{x['idle']:.0%}", f"{x['mfu']:.1%}", f"{x['decode_gib']:.1f}",
           "compiled (bench.pod)" if x["learner_compiled"] else "not compiled"] for x in shown])
+
+
+def run(argv=None) -> int:
+    """Search the layouts of the config's RL pipeline and print (and write) the best `--top` and the config's."""
+    args = parse_args(argv)
+    config = load_config(args.config)
+    if "rollout" not in registered_pipeline(config.pipeline).roles:
+        raise SystemExit(f"{args.config}: pipeline {config.pipeline!r} has no rollout to lay out")
+    if args.max_staleness >= 0 and pipeline_name(config) == "sao":
+        config.sao.max_staleness = args.max_staleness
+        args.write = False  # a what-if, not the run's layout
+    total = sum(dict(config.devices).values())
+    devices, topology, hbm_bytes = topology_devices(args.topology, total)
+    cfg = model_config(config, args.preset)
+    generated = args.generated_tokens or config.rollout.max_turn_tokens
+    print(f"{args.config} on {topology}: {total} chips; searching replica shapes {REPLICAS} x slots {SLOTS}",
+          flush=True)
+    rows = search(config, cfg, devices, hbm_bytes, generated, args.headroom)
+    table = layout_table(rows[:args.top] + [x for x in rows[args.top:] if x["released"]])
     print(table)
     if args.write:
         command = (f"PYTHONPATH=<libtpu dir>:. python -m mercury_jax.bench.pod_search --config {args.config} "
                    f"--preset {args.preset} --write")
         text = (f"{total} chips of `{topology}`, {generated:,} generated tokens an episode (assumed), "
-                f"max staleness {config.sao.max_staleness if 'sao' in config else 0}; best {args.top} by step "
-                f"time (and the released layout):\n\n" + table)
+                f"max staleness {max_staleness(config)}; best {args.top} by step time (and the released "
+                f"layout):\n\n" + table)
         replace_subsection("pod_search", f"Layout search: {args.config}", text, command)
     return 0
 
 
+def main() -> int:
+    """JAX on this host's CPU compiling for v5p, XLA dumping the decode chunks' optimised HLO (their bytes), then
+    `run`."""
+    jax_setup.configure(platforms="cpu", tpu_topology=True, hlo_dump=".*traced_on_mesh.*")
+    return run()
+
+
 if __name__ == "__main__":
-    raise SystemExit(run())
+    raise SystemExit(main())

@@ -12,54 +12,24 @@ collectives of the compiled HLO with the bytes they deliver per chip, and an ICI
 """
 from __future__ import annotations
 
-import os
+import argparse
+import math
+import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")  # a single-host topology; silences libtpu's probe
+import jax
+import numpy as np
+from flax import nnx
+from jax.experimental import topologies
 
-import argparse  # noqa: E402
-import math  # noqa: E402
-import re  # noqa: E402
-import time  # noqa: E402
-
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
-from jax.experimental import topologies  # noqa: E402
-
-from mercury_jax.bench.report import V5P_ICI_BYTES_PER_S, markdown_table, write_section  # noqa: E402
-from mercury_jax.bench.rollout_aot import abstract_model, laid_out  # noqa: E402
-from mercury_jax.parallel import make_mesh, param_shardings  # noqa: E402
-from mercury_jax.rollout.layout import replica_meshes  # noqa: E402
-from mercury_jax.rollout.publish import Publisher  # noqa: E402
-from models.qwen35_moe.config import PRESETS  # noqa: E402
-
-GIB = 2 ** 30
-COLLECTIVES = ("all-to-all", "all-gather", "collective-permute", "all-reduce", "reduce-scatter",
-               "ragged-all-to-all")
-_DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1, "f64": 8, "s64": 8}
-
-
-def collective_bytes(hlo: str) -> dict[str, tuple[int, int]]:
-    """{collective kind: (count, bytes of their results per device)} in a compiled (per-device) HLO text; the
-    `-done` halves of async pairs are not counted twice."""
-    found: dict[str, list[int]] = {}
-    for line in hlo.splitlines():
-        match = re.match(r"\s*(?:ROOT )?%\S+ = (.+?) ([a-z\-]+)\(", line)
-        if not match:
-            continue
-        kind = match.group(2).removesuffix("-start")
-        if kind not in COLLECTIVES:
-            continue
-        shapes = re.findall(r"(bf16|f16|f32|s32|u32|s8|u8|pred|f64|s64)\[([\d,]*)\]", match.group(1))
-        if match.group(2).endswith("-start"):  # (operands, results[, u32[] contexts]): the results
-            shapes = [s for s in shapes if s[1]]
-            shapes = shapes[len(shapes) // 2:]
-        nbytes = sum(_DTYPE_BYTES[d] * math.prod(int(n) for n in dims.split(",") if n) for d, dims in shapes)
-        entry = found.setdefault(kind, [0, 0])
-        entry[0] += 1
-        entry[1] += nbytes
-    return {kind: (count, nbytes) for kind, (count, nbytes) in found.items()}
+from mercury_jax.bench import jax_setup
+from mercury_jax.bench.abstract import abstract_model, laid_out
+from mercury_jax.bench.hlo_bytes import collective_results
+from mercury_jax.bench.report import markdown_table, write_section
+from mercury_jax.bench.rooflines import GIB, V5P_ICI_BYTES_PER_S, program_bytes
+from mercury_jax.parallel import make_mesh, param_shardings
+from mercury_jax.rollout.layout import replica_meshes
+from mercury_jax.rollout.publish import Publisher
+from models.qwen35_moe.config import PRESETS
 
 
 def share_bytes(params, mesh, dtype_bytes: int) -> int:
@@ -71,7 +41,7 @@ def share_bytes(params, mesh, dtype_bytes: int) -> int:
     return received
 
 
-def main():
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="qwen3.5-35b-a3b", choices=sorted(PRESETS))
     parser.add_argument("--topology", default="v5p:4x4x8", help="the run's chips (rollout, then actor)")
@@ -80,7 +50,31 @@ def main():
     parser.add_argument("--actor-chips", type=int, default=32)
     parser.add_argument("--param-dtype", default="bfloat16")
     parser.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def compile_rows(stage, send) -> tuple[list[list], dict]:
+    """(a table row per publish program, {program: its collectives' (count, result bytes) by kind})."""
+    rows, moved = [], {}
+    for name, lowered in (("stage (actor chips)", stage), ("send (actor + rollout chips)", send)):
+        start = time.perf_counter()
+        compiled = lowered.compile()
+        seconds = time.perf_counter() - start
+        memory = compiled.memory_analysis()
+        total = program_bytes(memory)
+        collectives = collective_results(compiled.as_text())
+        moved[name] = collectives
+        summary = ", ".join(f"{count} {kind} ({nbytes / GIB:.2f} GiB)" for kind, (count, nbytes)
+                            in sorted(collectives.items())) or "none"
+        rows.append([name, f"{memory.argument_size_in_bytes / GIB:.2f}", f"{memory.output_size_in_bytes / GIB:.2f}",
+                     f"{memory.temp_size_in_bytes / GIB:.2f}", f"{total / GIB:.2f}", f"{seconds:.0f}", summary])
+        print(rows[-1], flush=True)
+    return rows, moved
+
+
+def main():
+    jax_setup.configure(platforms="cpu", tpu_topology=True)
+    args = parse_args()
     replica = {k: int(v) for k, v in (item.split(":") for item in args.replica.split("/"))}
     devices = topologies.get_topology_desc(platform="tpu", topology_name=args.topology).devices
     if args.rollout_chips + args.actor_chips > len(devices):
@@ -97,22 +91,7 @@ def main():
     print(f"{replicas} replicas x {meshes[0].size} chips {replica}; actor fsdp={args.actor_chips}: {copies} staged "
           f"copies, {rounds} send round(s); a rollout chip's share {share / GIB:.2f} GiB", flush=True)
 
-    stage, send = publisher.lower(params)
-    rows, moved = [], {}
-    for name, lowered in (("stage (actor chips)", stage), ("send (actor + rollout chips)", send)):
-        start = time.perf_counter()
-        compiled = lowered.compile()
-        seconds = time.perf_counter() - start
-        memory = compiled.memory_analysis()
-        total = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
-                 - memory.alias_size_in_bytes)
-        collectives = collective_bytes(compiled.as_text())
-        moved[name] = collectives
-        summary = ", ".join(f"{count} {kind} ({nbytes / GIB:.2f} GiB)" for kind, (count, nbytes)
-                            in sorted(collectives.items())) or "none"
-        rows.append([name, f"{memory.argument_size_in_bytes / GIB:.2f}", f"{memory.output_size_in_bytes / GIB:.2f}",
-                     f"{memory.temp_size_in_bytes / GIB:.2f}", f"{total / GIB:.2f}", f"{seconds:.0f}", summary])
-        print(rows[-1], flush=True)
+    rows, moved = compile_rows(*publisher.lower(params))
     headers = ["program", "arguments GiB/chip", "outputs GiB/chip", "temp GiB/chip", "total GiB/chip", "compile s",
                "collectives in the compiled HLO (results per chip)"]
     table = markdown_table(headers, rows)

@@ -65,22 +65,6 @@ def write_section(name: str, title: str, body: str, command: str, path: Path = B
     path.write_text(text)
 
 
-# v5p per chip (Google Cloud's published figures): bf16 peak and HBM bandwidth
-V5P_PEAK_FLOPS = 459e12
-V5P_HBM_BYTES_PER_S = 2765e9
-V5P_ICI_BYTES_PER_S = 600e9  # 4,800 Gbps of inter-chip interconnect per v5p chip, all links together
-
-
-def cost_and_roofline(compiled) -> tuple[float, float, float, str]:
-    """(FLOPs, bytes accessed, roofline seconds on v5p, "FLOPs" or "HBM": which bound) from XLA's cost analysis of
-    a compiled program; the roofline is max(FLOPs / bf16 peak, bytes / HBM bandwidth), a lower bound."""
-    analysis = compiled.cost_analysis()
-    analysis = analysis[0] if isinstance(analysis, list) else analysis
-    flops, nbytes = float(analysis.get("flops", 0.0)), float(analysis.get("bytes accessed", 0.0))
-    compute_s, memory_s = flops / V5P_PEAK_FLOPS, nbytes / V5P_HBM_BYTES_PER_S
-    return flops, nbytes, max(compute_s, memory_s), "FLOPs" if compute_s >= memory_s else "HBM"
-
-
 def replace_subsection(name: str, label: str, body: str, command: str, path: Path = BENCHMARKS_PATH) -> None:
     """Replace (or append) the subsection `label` inside section `name` (created if missing), leaving the
     section's other subsections as they are: one benchmark, several runs (configs, topologies) side by side."""

@@ -13,108 +13,27 @@ group's decode tokens/s as R x slots / step time, an upper bound. Needs libtpu:
 """
 from __future__ import annotations
 
-import os
+import argparse
+import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")  # a single-host topology; silences libtpu's probe
+from jax.experimental import topologies
+from jax.sharding import NamedSharding, PartitionSpec
 
-import argparse  # noqa: E402
-import time  # noqa: E402
+from mercury_jax.bench import jax_setup
+from mercury_jax.bench.abstract import abstract_engine, abstract_model, prefill_inputs
+from mercury_jax.bench.hlo_bytes import bytes_per_trip, entry_transfers, optimised_module_text
+from mercury_jax.bench.report import markdown_table, write_section
+from mercury_jax.bench.rooflines import GIB, V5P_HBM_BYTES_PER_S, cost_and_roofline, decode_read_bytes, program_bytes
+from mercury_jax.parallel import make_mesh
+from mercury_jax.rollout.sampler import _compiled
+from mercury_jax.rollout.sizing import replica_memory
+from models.qwen35_moe.config import PRESETS
 
-from mercury_jax.bench.hlo_bytes import bytes_per_trip, dump_optimised_hlo, entry_transfers, optimised_module_text  # noqa: E402, I001
-
-# run as the bench: the optimised HLO of every compile on a mesh lands here, for the trip-counted byte count
-DUMP_DIR = dump_optimised_hlo() if __name__ == "__main__" else None
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
-from jax.experimental import topologies  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding  # noqa: E402
-
-from mercury_jax.bench.report import V5P_HBM_BYTES_PER_S, cost_and_roofline, markdown_table, write_section  # noqa: E402
-from mercury_jax.parallel import make_mesh, variable_sharding  # noqa: E402
-from mercury_jax.rollout.layout import rollout_dtype, row_shardings, state_shardings  # noqa: E402
-from mercury_jax.rollout.sampler import MAX_STOP_IDS, _compiled, empty_state  # noqa: E402
-from mercury_jax.rollout.sizing import replica_memory  # noqa: E402
-from models.qwen35_moe import Qwen35MoeForCausalLM  # noqa: E402
-from models.qwen35_moe.config import PRESETS  # noqa: E402
-
-GIB = 2 ** 30
+HEADERS = ["program", "arguments GiB/chip", "temp GiB/chip", "total GiB/chip", "compile s", "TFLOP/chip",
+           "GiB accessed/chip", "roofline ms (bound)", "copies + collectives outside loops GiB"]
 
 
-def abstract_model(preset: str) -> nnx.Module:
-    """The preset's model (fp32 params) as abstract shapes: nothing allocated."""
-    cfg = PRESETS[preset](dtype="bfloat16", param_dtype="float32")
-    return nnx.eval_shape(lambda: Qwen35MoeForCausalLM(cfg, rngs=nnx.Rngs(0)))
-
-
-def laid_out(state: nnx.State, mesh) -> nnx.State:
-    """`state`'s variables as ShapeDtypeStructs laid out on `mesh` by their logical names."""
-    return nnx.from_flat_state([
-        (path, v.replace(jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=variable_sharding(path, v, mesh))))
-        for path, v in nnx.to_flat_state(state)])
-
-
-def per_chip_bytes(tree) -> int:
-    """Bytes one chip holds of `tree`'s sharded abstract leaves (the largest shard; a replicated leaf whole)."""
-    total = 0
-    for leaf in jax.tree.leaves(tree):
-        shape = leaf.sharding.shard_shape(leaf.shape) if getattr(leaf, "sharding", None) is not None else leaf.shape
-        total += int(np.prod(shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
-    return total
-
-
-def decode_read_bytes(params, decode_state, cfg, slots: int) -> float:
-    """HBM bytes per chip one decode step must read: every weight but the embedding table (a lookup) and the routed
-    experts, the routed experts' expected share of distinct experts hit by `slots` tokens of top-k routing
-    (E (1 - (1 - k / E)^slots) of E, uniform routing), and the whole decode state (K/V caches and GDN states)."""
-    E, k = cfg.num_experts, cfg.num_experts_per_tok
-    hit = 1 - (1 - k / E) ** slots
-    dense = routed = 0
-    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-        names = [str(getattr(p, "key", p)) for p in path]
-        if any("embed" in n for n in names):
-            continue
-        nbytes = per_chip_bytes([leaf])
-        if any(n.startswith("expert_") for n in names):
-            routed += nbytes
-        else:
-            dense += nbytes
-    return dense + hit * routed + per_chip_bytes(decode_state)
-
-
-def abstract_engine(model: nnx.Module, slots: int, max_length: int, param_dtype, mesh=None, device=None):
-    """(graphdef, params cast to `param_dtype`, decode state, one slot's row, the cast params and the state's
-    shapes unplaced), every array abstract and laid out as an engine lays it out: on a replica's `mesh`
-    (`rollout/layout.py`), or whole on one `device` (an engine without a mesh)."""
-    graphdef, state = nnx.split(model)
-    cast = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, rollout_dtype(a.dtype, param_dtype)), state)
-    shapes = jax.eval_shape(lambda: empty_state(model.init_cache, slots, max_length))
-    row = jax.eval_shape(lambda: model.init_cache(1, max_length))
-    if mesh is not None:
-        params, state_sh, row_sh = laid_out(cast, mesh), state_shardings(shapes, mesh), row_shardings(row, mesh)
-    else:
-        one = SingleDeviceSharding(device)
-        params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one), cast)
-        state_sh, row_sh = jax.tree.map(lambda _: one, shapes), jax.tree.map(lambda _: one, row)
-    placed = lambda tree, sh: jax.tree.map(  # noqa: E731
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, sh)
-    return graphdef, params, placed(shapes, state_sh), placed(row, row_sh), cast, shapes
-
-
-def prefill_inputs(tokens: int, sharding) -> tuple:
-    """(ids [1, tokens], length, request) of one `Sampler.prefill` call, abstract, on `sharding` (replicated)."""
-    scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=sharding)  # noqa: E731
-    request = {"reset": scalar(bool), "limit": scalar(jnp.int32), "request_id": scalar(jnp.int32),
-               "seed": scalar(jnp.int32), "temperature": scalar(jnp.float32), "top_k": scalar(jnp.int32),
-               "top_p": scalar(jnp.float32),
-               "stop_ids": jax.ShapeDtypeStruct((MAX_STOP_IDS,), jnp.int32, sharding=sharding)}
-    return jax.ShapeDtypeStruct((1, tokens), jnp.int32, sharding=sharding), scalar(jnp.int32), request
-
-
-def main():
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="qwen3.5-35b-a3b", choices=sorted(PRESETS))
     parser.add_argument("--topology", default="v5p:2x2x1", help="one replica's chips")
@@ -126,7 +45,54 @@ def main():
     parser.add_argument("--prefill-tokens", type=int, default=8192, help="0: skip the prefill program")
     parser.add_argument("--param-dtype", default="bfloat16")
     parser.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def compile_row(name: str, lower, dump_dir: str) -> tuple[list, float | None, float]:
+    """(the program's table row, the bytes it copies or moves outside its loops or None when it was refused, the
+    time its compile started)."""
+    start, started = time.perf_counter(), time.time()
+    try:
+        compiled = lower().compile()
+    except Exception as error:  # a refused compile (e.g. over HBM) is a result, reported in the table
+        message = " ".join(str(error).split())[:300]
+        print(f"{name}: FAILED: {type(error).__name__}: {message}", flush=True)
+        return [name, f"failed: {type(error).__name__}: {message}"] + [""] * 7, None, started
+    seconds = time.perf_counter() - start
+    memory = compiled.memory_analysis()
+    flops, nbytes, roofline_s, bound = cost_and_roofline(compiled)
+    outside = sum(b for _, _, b in entry_transfers(optimised_module_text(dump_dir, started), 16 * 2 ** 20))
+    row = [name, f"{memory.argument_size_in_bytes / GIB:.2f}", f"{memory.temp_size_in_bytes / GIB:.2f}",
+           f"{program_bytes(memory) / GIB:.2f}", f"{seconds:.0f}", f"{flops / 1e12:.3f}", f"{nbytes / GIB:.2f}",
+           f"{roofline_s * 1e3:.1f} ({bound})", f"{outside / GIB:.2f}"]
+    print(row, flush=True)
+    return row, outside, started
+
+
+def decode_text(args, counts: tuple, slots: int, replicas: int) -> str:
+    """The decode roofline a step and the group's tokens/s, derived in words from the bytes counted in the compiled
+    chunk, the bytes a step must read and what the program moves outside its loops (`counts`)."""
+    counted, must_read, outside = counts
+    decode_step_s = max(counted, must_read) / V5P_HBM_BYTES_PER_S
+    group_tps = replicas * slots / decode_step_s
+    return (
+        f"Decode bytes per step: {counted / GIB:.2f} GiB per chip counted in the compiled program "
+        f"(`bench/hlo_bytes.py`: the optimised HLO with every loop by its trip count, the {args.steps}-"
+        f"step compile minus a 1-step compile, over {args.steps - 1}), against {must_read / GIB:.2f} GiB "
+        f"a step must read (the weights but the embedding table and the routed experts, the expected "
+        f"share of distinct experts {slots} tokens hit, the decode state): {counted / must_read:.2f}x. "
+        f"Outside its loops the decode program copies or moves {outside / GIB:.2f} GiB per call "
+        f"(arrays of 16 MiB or more). "
+        f"Decode roofline: {decode_step_s * 1e3:.2f} ms per step (the larger of the two over the HBM "
+        f"bandwidth), so "
+        f"{slots / decode_step_s:,.0f} tokens/s per replica and {group_tps:,.0f} tokens/s for the group "
+        f"of {args.group_chips} chips with every slot busy: an upper bound (no overlap losses, no "
+        f"prefills, no host sync between chunks).")
+
+
+def main():
+    dump_dir = jax_setup.configure(platforms="cpu", tpu_topology=True, hlo_dump=".*traced_on_mesh.*")
+    args = parse_args()
     replica = {k: int(v) for k, v in (item.split(":") for item in args.replica.split("/"))}
     per_replica = 1
     for size in replica.values():
@@ -145,70 +111,44 @@ def main():
     if args.prefill_tokens:
         inputs = prefill_inputs(args.prefill_tokens, NamedSharding(mesh, PartitionSpec()))
         programs["prefill"] = lambda: prefill_row.lower(params, row_shapes, *inputs)
-    rows, decode_step_s, decode_counts = [], None, None
+    rows, estimate = [], ""
     for name, lower in programs.items():
-        start, started = time.perf_counter(), time.time()
-        try:
-            compiled = lower().compile()
-        except Exception as error:  # a refused compile (e.g. over HBM) is a result, reported in the table
-            message = " ".join(str(error).split())[:300]
-            print(f"{name}: FAILED: {type(error).__name__}: {message}", flush=True)
-            rows.append([name, f"failed: {type(error).__name__}: {message}"] + [""] * 7)
-            continue
-        seconds = time.perf_counter() - start
-        memory = compiled.memory_analysis()
-        total = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
-                 - memory.alias_size_in_bytes)
-        flops, nbytes, roofline_s, bound = cost_and_roofline(compiled)
-        text = optimised_module_text(DUMP_DIR, started)
-        outside = sum(b for _, _, b in entry_transfers(text, 16 * 2 ** 20))
-        if name == "decode":  # XLA counts the decode loop's body once: count the HLO by trip counts instead
+        row, outside, started = compile_row(name, lower, dump_dir)
+        rows.append(row)
+        if name == "decode" and outside is not None:  # XLA counts the loop's body once: count by trip counts
             must_read = decode_read_bytes(params, state, PRESETS[args.preset](), slots)
             counted = bytes_per_trip(started, lambda: decode.lower(params, state, 1).compile(), args.steps)
-            decode_counts = (counted, must_read, outside)
-            decode_step_s = max(counted, must_read) / V5P_HBM_BYTES_PER_S
-        rows.append([name, f"{memory.argument_size_in_bytes / GIB:.2f}", f"{memory.temp_size_in_bytes / GIB:.2f}",
-                     f"{total / GIB:.2f}", f"{seconds:.0f}", f"{flops / 1e12:.3f}", f"{nbytes / GIB:.2f}",
-                     f"{roofline_s * 1e3:.1f} ({bound})", f"{outside / GIB:.2f}"])
-        print(rows[-1], flush=True)
-    headers = ["program", "arguments GiB/chip", "temp GiB/chip", "total GiB/chip", "compile s", "TFLOP/chip",
-               "GiB accessed/chip", "roofline ms (bound)", "copies + collectives outside loops GiB"]
-    table = markdown_table(headers, rows)
-    estimate = ""
-    if decode_step_s:
-        group_tps = replicas * slots / decode_step_s
-        counted, must_read, outside = decode_counts
-        estimate = (f"Decode bytes per step: {counted / GIB:.2f} GiB per chip counted in the compiled program "
-                    f"(`bench/hlo_bytes.py`: the optimised HLO with every loop by its trip count, the {args.steps}-"
-                    f"step compile minus a 1-step compile, over {args.steps - 1}), against {must_read / GIB:.2f} GiB "
-                    f"a step must read (the weights but the embedding table and the routed experts, the expected "
-                    f"share of distinct experts {slots} tokens hit, the decode state): {counted / must_read:.2f}x. "
-                    f"Outside its loops the decode program copies or moves {outside / GIB:.2f} GiB per call "
-                    f"(arrays of 16 MiB or more). "
-                    f"Decode roofline: {decode_step_s * 1e3:.2f} ms per step (the larger of the two over the HBM "
-                    f"bandwidth), so "
-                    f"{slots / decode_step_s:,.0f} tokens/s per replica and {group_tps:,.0f} tokens/s for the group "
-                    f"of {args.group_chips} chips with every slot busy: an upper bound (no overlap losses, no "
-                    f"prefills, no host sync between chunks).")
+            estimate = decode_text(args, (counted, must_read, outside), slots, replicas)
+    table = markdown_table(HEADERS, rows)
     print(table)
     print(estimate)
     if args.write:
-        command = (f"PYTHONPATH=<libtpu dir>:. JAX_PLATFORMS=cpu python -m mercury_jax.bench.rollout_aot --preset "
-                   f"{args.preset} --topology {args.topology} --replica {args.replica} --group-chips "
-                   f"{args.group_chips} --slots {args.slots} --max-length {args.max_length} --steps {args.steps} "
-                   f"--prefill-tokens {args.prefill_tokens} --param-dtype {args.param_dtype} --write")
-        body = (f"One rollout replica of `{args.preset}`: {per_replica} chips of `{args.topology}` as mesh {replica}, "
-                f"{replicas} such replicas on the {args.group_chips}-chip rollout group, {slots} slots x "
-                f"{args.max_length} tokens each ({args.slots} in all), {args.param_dtype} weights. Layout "
-                f"(`rollout/layout.py`): weights by their logical names, decode state with slots over "
-                f"(data, fsdp, expert) and heads over tensor where the sizes divide. By shapes and layouts "
-                f"(`rollout/sizing.py`) a chip holds {sizing['weights_gib']:.2f} GiB of weights and "
-                f"{sizing['state_gib']:.2f} GiB of decode state. The engine's own programs (`rollout/sampler.py`), "
-                f"compiled ahead of time on a CPU host with libtpu: `decode` ({args.steps} steps for every slot, "
-                f"state donated) and `prefill` (one slot's row advanced by {args.prefill_tokens} tokens). Memory is "
-                f"`compiled.memory_analysis()` per chip (total = arguments + outputs + temporaries - aliased). "
-                f"Nothing ran on a TPU.\n\n" + table + "\n\n" + estimate)
-        write_section("rollout_aot", "Rollout replica: decode and prefill, TPU ahead-of-time compile", body, command)
+        write_section("rollout_aot", "Rollout replica: decode and prefill, TPU ahead-of-time compile",
+                      section_text(args, replica, per_replica, replicas, slots, sizing, table, estimate),
+                      command_line(args))
+
+
+def command_line(args) -> str:
+    return (f"PYTHONPATH=<libtpu dir>:. JAX_PLATFORMS=cpu python -m mercury_jax.bench.rollout_aot --preset "
+            f"{args.preset} --topology {args.topology} --replica {args.replica} --group-chips "
+            f"{args.group_chips} --slots {args.slots} --max-length {args.max_length} --steps {args.steps} "
+            f"--prefill-tokens {args.prefill_tokens} --param-dtype {args.param_dtype} --write")
+
+
+def section_text(args, replica: dict, per_replica: int, replicas: int, slots: int, sizing: dict, table: str,
+                 estimate: str) -> str:
+    """The BENCHMARKS.md section: the replica, its layout and memory by shapes, the table and the estimate."""
+    return (f"One rollout replica of `{args.preset}`: {per_replica} chips of `{args.topology}` as mesh {replica}, "
+            f"{replicas} such replicas on the {args.group_chips}-chip rollout group, {slots} slots x "
+            f"{args.max_length} tokens each ({args.slots} in all), {args.param_dtype} weights. Layout "
+            f"(`rollout/layout.py`): weights by their logical names, decode state with slots over "
+            f"(data, fsdp, expert) and heads over tensor where the sizes divide. By shapes and layouts "
+            f"(`rollout/sizing.py`) a chip holds {sizing['weights_gib']:.2f} GiB of weights and "
+            f"{sizing['state_gib']:.2f} GiB of decode state. The engine's own programs (`rollout/sampler.py`), "
+            f"compiled ahead of time on a CPU host with libtpu: `decode` ({args.steps} steps for every slot, "
+            f"state donated) and `prefill` (one slot's row advanced by {args.prefill_tokens} tokens). Memory is "
+            f"`compiled.memory_analysis()` per chip (total = arguments + outputs + temporaries - aliased). "
+            f"Nothing ran on a TPU.\n\n" + table + "\n\n" + estimate)
 
 
 if __name__ == "__main__":

@@ -36,11 +36,11 @@ from pathlib import Path
 
 import numpy as np
 
-from mercury_jax.bench import local_processes
 from mercury_jax.bench.async_sao import _copy_warm_start, _records
 from mercury_jax.bench.report import markdown_table, write_section
 from mercury_jax.evaluation.heldout import heldout_summary
 from mercury_jax.evaluation.stats import paired_difference
+from tests import local_processes  # the tests' launcher of `main` as N processes (run from a checkout)
 
 RUN_TIMEOUT_S = 6 * 3600
 # name: (config, stage, extra overrides); the first run trains the warm start the others copy

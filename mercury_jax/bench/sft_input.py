@@ -8,7 +8,7 @@ first-fit packing into 131,072-token rows, grain worker processes), one data sha
 worker count: the seconds to the first row (worker start-up included) and the tokens per second of the rows after
 it (non-padding tokens, the ones the learner trains on).
 
-The demand side is the pod bench's hand count (`bench/pod.py`: 6 N FLOPs per trained token, N the active
+The demand side is the benches' hand count (`bench/flops.py`: 6 N FLOPs per trained token, N the active
 parameters, plus causal attention at the row's mean context) for Qwen3.5-35B-A3B, at 100% of the v5p peak: the
 most tokens a second a host's 4 chips could ever consume, so the input pipeline's margin is a lower bound.
 """
@@ -21,8 +21,9 @@ import time
 
 import numpy as np
 
-from mercury_jax.bench.pod import active_parameters, attention_flops_per_token
-from mercury_jax.bench.report import V5P_PEAK_FLOPS, markdown_table, write_section
+from mercury_jax.bench.flops import training_flops_per_token
+from mercury_jax.bench.report import markdown_table, write_section
+from mercury_jax.bench.rooflines import V5P_PEAK_FLOPS
 from mercury_jax.chat import qwen35_tokenizer
 from mercury_jax.data.corpus import chat_corpus
 from mercury_jax.data.sft_rows import RowSpec, shard_rows
@@ -34,9 +35,7 @@ CHIPS_PER_HOST = 4  # v5p
 
 def learner_tokens_per_s(preset: str, row_length: int) -> tuple[float, float]:
     """(trained FLOPs per token, tokens a second a host's chips consume at 100% of peak)."""
-    cfg = PRESETS[preset]()
-    active, _ = active_parameters(cfg)
-    per_token = 3 * (2 * active + attention_flops_per_token(cfg, row_length))
+    per_token = training_flops_per_token(PRESETS[preset](), row_length)
     return per_token, CHIPS_PER_HOST * V5P_PEAK_FLOPS / per_token
 
 
@@ -84,7 +83,7 @@ def run(argv=None) -> None:
     body = (f"One data shard (what one host reads) of {args.records} synthetic agent chats (~{args.words:,} words, "
             f"12 tool-calling turns each) rendered by the Qwen3.5 tokenizer and chat path and packed into "
             f"{args.row_length:,}-token rows. Demand: {args.preset} trains at {per_token / 1e9:.1f} GFLOP a token "
-            f"(6 N + causal attention at a mean context of {args.row_length // 2:,}, bench/pod.py's count), so a "
+            f"(6 N + causal attention at a mean context of {args.row_length // 2:,}, bench/flops.py's count), so a "
             f"v5p host's {CHIPS_PER_HOST} chips at 100% of the {V5P_PEAK_FLOPS / 1e12:.0f} TFLOP/s peak consume at "
             f"most **{demand:,.0f} tokens/s**; any real MFU consumes less.\n\n{table}")
     print(body)
