@@ -58,7 +58,7 @@ def test_the_released_configs_and_their_tiny_variants_validate(pod, name, varian
 
 
 def test_every_numeric_field_has_a_rule_and_every_rule_a_field(pod):
-    """A numeric field added to a config without a row in config_ranges.FIELDS fails here, and so does a row whose
+    """A numeric field added to a config without a row in config/ranges.FIELDS fails here, and so does a row whose
     pattern matches nothing (a typo would leave its field unchecked)."""
     paths = {path for name, variant in VARIANTS for path, _ in _numeric(pod(name, variant))}
     assert sorted(path for path in paths if rule_for(path) is None) == []

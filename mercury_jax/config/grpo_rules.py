@@ -1,4 +1,4 @@
-"""Pivot GRPO's config rules (registered in `pipelines.py`; `validate.py` runs them after the common checks)."""
+"""Pivot GRPO's config rules (registered in `registry.py`; `validate.py` runs them after the common checks)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""SAO's config rules (registered in `pipelines.py`; `validate.py` runs them after the common checks)."""
+"""SAO's config rules (registered in `registry.py`; `validate.py` runs them after the common checks)."""
 from __future__ import annotations
 
 from mercury_jax.config.defaults import setting

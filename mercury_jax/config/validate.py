@@ -1,7 +1,7 @@
 """Check a config before any work starts: known pipeline, required sections and fields, sane values.
 
 Unknown fields are already rejected by the locked ConfigDict (`--config.typo=1` fails in the flag parser). This
-checks every numeric field's type and range (the table in `config_ranges.py`), the model a preset and its
+checks every numeric field's type and range (the table in `ranges.py`), the model a preset and its
 overrides make (the model config's own table), then the rules between fields, naming the field and the fix in
 each message.
 """

@@ -8,7 +8,7 @@ same run.
   written just before a kill, its checkpoint never committed) are dropped first: `truncate_jsonl`.
 - A rerun in a workdir holds that run's state (checkpoints, tokenizer, datasets). `check_run_config` compares the
   new config with the workdir's `config.json` on the fields that change shapes or data (`resume_fields`: the
-  common ones and the pipeline's own, registered in `pipelines.py`) and
+  common ones and the pipeline's own, registered in `config/registry.py`) and
   refuses a mismatch, naming each field, unless forced.
 - An SFT corpus (`sft.data`) rewritten between a kill and the resume would put other chats under the record ids the
   checkpoint's data position and `batches.jsonl` hold. `check_corpus` records the corpus's fingerprint
@@ -29,7 +29,7 @@ from mercury_jax.runs.rundir import RunDir, as_path, write_atomically
 
 def resume_fields(*pipeline_names: str) -> tuple[str, ...]:
     """The fields (dotted prefixes) a resumed run must share with the run that wrote its checkpoints: the common
-    ones and each named pipeline's own (`pipelines.py`); an unknown name adds none."""
+    ones and each named pipeline's own (`config/registry.py`); an unknown name adds none."""
     fields = COMMON_RESUME_FIELDS
     for name in pipeline_names:
         if name in PIPELINES:
@@ -81,7 +81,7 @@ def truncate_jsonl(path: str | os.PathLike, last_step: int) -> list[dict]:
 
 def differing_fields(saved: dict, current: dict, fields: tuple[str, ...] | None = None) -> dict:
     """{dotted field: (saved value, current value)} for every leaf under `fields` that differs (a field only one
-    side has counts as differing unless the other's value is its default in `config_defaults.DEFAULTS`, a field
+    side has counts as differing unless the other's value is its default in `config/defaults.DEFAULTS`, a field
     neither has does not). `fields`: the resume fields of both configs' pipelines by default."""
     if fields is None:
         fields = resume_fields(str(saved.get("pipeline")), str(current.get("pipeline")))
