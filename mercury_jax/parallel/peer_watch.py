@@ -12,12 +12,12 @@ counters and `mercury/exit/<i>` records. A peer is lost when:
 One loss comes first from JAX itself: when process 0 dies, the coordination client of every other process sees the
 service's socket close and aborts the process at once (SIGABRT, its own message naming "the leader task"); XLA has a
 callback for that, but jax 0.10 cannot take a Python one (its status argument fails to convert). So
-`train/run_guard.py` prints the resume command at start-up on every process.
+`runs/run_guard.py` prints the resume command at start-up on every process.
 Then this process prints one message (the lost process, the last committed checkpoint, the command that resumes)
 and exits with `PEER_LOST_EXIT` at once, even from inside a stuck collective (`os._exit`: nothing else runs).
 
 A process that ends writes its exit record first ("finished", "preempted", "failed: ..."), so a peer that finishes
-a little earlier is never mistaken for a lost one. A failing process (`record_exit`; `train/run_guard.py`) leaves
+a little earlier is never mistaken for a lost one. A failing process (`record_exit`; `runs/run_guard.py`) leaves
 without JAX's shutdown barrier (which would wait for peers that are gone); process 0 leaves last (`wait_for_peers`),
 since closing the service it hosts aborts the rest, and while it waits a silent peer is still judged, so a failure
 that a dead peer caused (a collective's "connection reset") ends with the message naming that peer. On three or more
@@ -113,7 +113,7 @@ class PeerWatch:
             pass
 
     def after_failure(self, error: BaseException) -> None:
-        """This process failed (`train/run_guard.py` calls this and then exits 1). When a peer's failure came first
+        """This process failed (`runs/run_guard.py` calls this and then exits 1). When a peer's failure came first
         (its record was written before it left, so a collective's "connection closed" here is its doing), leave
         naming it; else record ours. Process 0 then waits for the others to leave, naming one gone silent."""
         try:
