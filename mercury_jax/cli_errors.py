@@ -19,6 +19,7 @@ the line, and the status is 2.
 """
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import traceback
@@ -115,6 +116,9 @@ def run_entry_point(body: Callable[[], object], argv: Sequence[str] | None = Non
         if refusal(error, extra) is None:
             raise
         report(error, extra=extra, debug=debug_requested(argv))
+    # The failed run's objects go now, while their finalizers can run: grain's rows in shared memory, held by the
+    # error's frames, are freed by their own, not reported as "leaked" by multiprocessing's resource tracker.
+    gc.collect()
     raise SystemExit(EXIT_REFUSED)
 
 

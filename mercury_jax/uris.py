@@ -26,8 +26,10 @@ def is_remote(location: str | os.PathLike) -> bool:
     return "://" in text and not text.startswith("file://")
 
 
-def check_remote(location: str | os.PathLike, what: str = "path") -> None:
-    """RemotePathError when `location` is a remote URI with a `.` / `..` segment or a scheme nothing here opens."""
+def check_remote(location: str | os.PathLike, what: str = "path", *, filesystem: bool = True) -> None:
+    """RemotePathError when `location` is a remote URI with a `.` / `..` segment or (`filesystem`: before it is
+    read or written) a scheme nothing here opens. `filesystem=False` checks the spelling alone: naming a remote
+    path needs no package."""
     text = os.fspath(location)
     if not is_remote(text):
         return
@@ -36,7 +38,7 @@ def check_remote(location: str | os.PathLike, what: str = "path") -> None:
     if any(segment in (".", "..") for segment in segments[1:]):
         raise RemotePathError(f"{what} {text}: a remote path must not hold '.' or '..' segments (object stores keep "
                               f"them as written); write it out, e.g. {scheme}://{_normalised(segments)}")
-    missing = _missing_package(scheme)
+    missing = _missing_package(scheme) if filesystem else None
     if missing:
         raise RemotePathError(f"{what} {text}: {scheme}:// paths need the optional package {missing}, which is "
                               f"not installed; run `pip install {missing}` (and authenticate, e.g. `gcloud auth "

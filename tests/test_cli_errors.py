@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from mercury_jax import cli_errors
+from mercury_jax import cli_errors, export, sweep
 from mercury_jax import main as cli
 from mercury_jax.data.chat_records import BadRecord
 from mercury_jax.data.synthetic import write_corpus
@@ -172,3 +172,18 @@ def test_dot_dot_in_a_gs_workdir_is_refused(parse, capsys):
     line = run_main(capsys)
     assert line == ("error: --workdir gs://bucket/runs/../sft: a remote path must not hold '.' or '..' segments "
                     "(object stores keep them as written); write it out, e.g. gs://bucket/sft")
+
+
+@pytest.mark.parametrize("entry_point", [export.main, sweep.main])
+@pytest.mark.parametrize("workdir, problem", [
+    ("gs://bucket/runs/grpo", "gs:// paths need the optional package gcsfs, which is not installed; run `pip install "
+                              "gcsfs`"),
+    ("gs://bucket/runs/./grpo", "a remote path must not hold '.' or '..' segments (object stores keep them as "
+                                "written); write it out, e.g. gs://bucket/runs/grpo")])
+def test_the_export_and_the_sweep_refuse_a_gs_run_they_cannot_read_in_one_line(capsys, tmp_path, no_gcsfs,
+                                                                              entry_point, workdir, problem):
+    with pytest.raises(SystemExit) as exited:
+        entry_point(["--workdir", workdir, "--out", str(tmp_path / "out")])
+    assert exited.value.code == cli_errors.EXIT_REFUSED
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: run directory {workdir}: {problem}"), err

@@ -4,6 +4,7 @@
     stream = RowStream(make_shard, shards=[2, 3])   # the shards whose rows this process's devices hold
     rows = stream.next()                             # {shard: that shard's rows of the next step}
     state = stream.get_state()                       # bytes: every shard's grain iterator state (JSON)
+    stream.close()                                   # the workers stopped (the training loop calls it at its end)
 """
 from __future__ import annotations
 
@@ -30,6 +31,15 @@ class RowStream:
                              f"checkpointed with")
         for k, iterator in self.iterators.items():
             iterator.set_state(saved[str(k)])
+
+    def close(self) -> None:
+        """Stop the shards' grain workers and free the shared memory of the rows in flight (idempotent). A stream
+        left to the garbage collector at an error's exit leaves them to multiprocessing's resource tracker, which
+        warns about "leaked shared_memory objects" after the error line."""
+        for iterator in self.iterators.values():
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                close()
 
     def start_prefetch(self) -> None:
         """Part of the protocol grain's checkpoint handler calls after a restore; the iterators prefetch on their

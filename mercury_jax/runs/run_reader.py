@@ -34,6 +34,7 @@ from mercury_jax.config.registry import PIPELINES, stages
 from mercury_jax.runs.checkpoint_faults import describe, named_file
 from mercury_jax.runs.checkpoint_roles import ROLE_ITEM_PREFIX
 from mercury_jax.runs.rundir import RunDir, checkpoint_steps
+from mercury_jax.uris import check_remote
 from models.qwen35_moe import Qwen35MoeConfig, Qwen35MoeForCausalLM
 from models.qwen35_moe.checkpoint_errors import CheckpointError
 
@@ -66,6 +67,8 @@ class RunReader:
     """A run directory read back (local path, `file://` URL or `gs://` URI); see the module docstring."""
 
     def __init__(self, workdir: str | os.PathLike | RunDir):
+        if not isinstance(workdir, RunDir):
+            check_remote(workdir, "run directory")  # gs:// without gcsfs: one line naming the install
         self.run = RunDir(workdir)
         self.root = self.run.root
         self._config = None

@@ -46,9 +46,10 @@ def checkpoint_steps(checkpoint_dir: str | os.PathLike) -> list[int]:
 
 def as_path(location: str | os.PathLike) -> epath.Path:
     """An epath for a local path, a `file://` URI (taken as the local path) or a remote URI (`gs://...`; a
-    `RemotePathError` when it holds `..` or needs a package that is missing: `uris.check_remote`)."""
+    `RemotePathError` when it holds `.` or `..` segments: `uris.check_remote`; whether its filesystem package is
+    installed is checked where a run directory is first read or made: `main`, `RunReader`)."""
     text = os.fspath(location)
-    check_remote(text, "run directory")
+    check_remote(text, "run directory", filesystem=False)
     if text.startswith("file://"):
         text = text[len("file://"):]
         if not text.startswith("/"):

@@ -102,16 +102,25 @@ def run_loop(algorithm: Algorithm, stage: StageDir, cadence: Cadence, *, train_c
         if rollouts is not None:
             rollouts.stop_after_error()
         checkpointer.close_after_error()  # the last good save still gets committed
+        _close_data(algorithm)
         raise
     if rollouts is not None:
         rollouts.stop()
     checkpointer.close()
+    _close_data(algorithm)
     evaluations = _final_evaluations(algorithm, stage) if evaluates else []
     if hasattr(algorithm, "finish"):
         algorithm.finish(logger.history, evaluations)
     logger.plot(list(algorithm.plot_keys))
     logger.close()
     return logger.history
+
+
+def _close_data(algorithm: Algorithm) -> None:
+    """Stop the algorithm's data workers (grain's, SFT), after the last checkpoint has saved their position."""
+    close = getattr(getattr(algorithm, "data_stream", None), "close", None)
+    if close is not None:
+        close()
 
 
 def _restore(algorithm: Algorithm, checkpointer, cadence: Cadence, rollouts) -> tuple[int, int]:
