@@ -1,8 +1,8 @@
-"""The training wing's shape rules, held by the code itself: no function or constructor in mercury_jax/rollout,
-mercury_jax/train or mercury_jax/data takes more than 10 parameters or runs longer than 60 lines (settings travel
-as dataclasses, `rollout/settings.py`); config defaults live in one table (`config/defaults.py`), whose
-every name is a field some experiment config spells out; and every registered pipeline has its experiment file
-and module."""
+"""The code's shape rules, held by the code itself: no function or constructor in mercury_jax/rollout,
+mercury_jax/train, mercury_jax/data, mercury_jax/bench, models or mercury_kernels takes more than 10 parameters or
+runs longer than 60 lines (settings travel as dataclasses, `rollout/settings.py`), but for the few in `EXEMPT`, each
+with its reason; config defaults live in one table (`config/defaults.py`), whose every name is a field some
+experiment config spells out; and every registered pipeline has its experiment file and module."""
 from __future__ import annotations
 
 import ast
@@ -32,12 +32,35 @@ def _params(node) -> int:
     return count - (bool(args.args) and args.args[0].arg in ("self", "cls"))
 
 
-@pytest.mark.parametrize("folder", ["mercury_jax/rollout", "mercury_jax/train", "mercury_jax/data"])
+FOLDERS = ("mercury_jax/rollout", "mercury_jax/train", "mercury_jax/data", "mercury_jax/bench", "models",
+           "mercury_kernels")
+# (file, function): why it may be larger
+EXEMPT = {
+    ("mercury_kernels/cached_attention/pallas.py", "_kernel"):
+        "a Pallas kernel: one ref per operand, output and scratch buffer, in the order pallas_call passes them",
+    ("mercury_kernels/gated_delta/pallas.py", "_backward_kernel"):
+        "a Pallas kernel: one ref per operand, output and scratch buffer, in the order pallas_call passes them",
+    ("mercury_kernels/gated_delta/split.py", "split_gated_delta_rule"):
+        "gated_delta_rule's own signature (5 arrays, initial state, segment ids, impl, chunk size), which it stands "
+        "in for under shard_map, plus the mesh axis and the span table of the split",
+}
+
+
+def _too_big(path, node) -> bool:
+    return _params(node) > MAX_PARAMS or node.end_lineno - node.lineno + 1 > MAX_LINES
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
 def test_functions_are_small(folder):
     too_big = [f"{path}:{node.lineno} {node.name} ({_params(node)} parameters, "
                f"{node.end_lineno - node.lineno + 1} lines)" for path, node in _functions(folder)
-               if _params(node) > MAX_PARAMS or node.end_lineno - node.lineno + 1 > MAX_LINES]
+               if _too_big(path, node) and (str(path), node.name) not in EXEMPT]
     assert not too_big, "split these (or pass a settings dataclass): " + "; ".join(too_big)
+
+
+def test_every_exemption_is_still_needed():
+    over = {(str(path), node.name) for folder in FOLDERS for path, node in _functions(folder) if _too_big(path, node)}
+    assert set(EXEMPT) <= over, f"within the rule now, drop from EXEMPT: {sorted(set(EXEMPT) - over)}"
 
 
 def _config_fields(config, prefix=""):

@@ -108,11 +108,10 @@ def _gated_delta_fwd(q, k, v, g_rows, beta_rows, initial_state, positions, chunk
 
 
 def _gated_delta_bwd(chunk, interpret, residuals, cotangents):
-    q, k, v, g_rows, beta_rows, positions, states = residuals
+    positions = residuals[5]
     d_o, d_final_state = cotangents
     dq, dk, dv, dg, dbeta, d_initial_state = _backward_call(
-        q, k, v, g_rows, beta_rows, positions, states, d_o.astype(_F32), d_final_state.astype(_F32), chunk,
-        interpret)
+        residuals, d_o.astype(_F32), d_final_state.astype(_F32), chunk, interpret)
     return dq, dk, dv, dg, dbeta, d_initial_state, jnp.zeros_like(positions)
 
 
@@ -208,7 +207,10 @@ def _forward_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, document_ref, carry_re
         final_state_ref[...] = new_state
 
 
-def _backward_call(q, k, v, g_rows, beta_rows, positions, states, d_o, d_final_state, chunk, interpret):
+def _backward_call(residuals, d_o, d_final_state, chunk, interpret):
+    """The backward kernel over the chunks from the last: `residuals` the forward's (q, k, v, g rows, beta rows,
+    positions, each chunk's entering state), the cotangents of o and of the final state in float32."""
+    q, k, v, g_rows, beta_rows, positions, states = residuals
     batch, heads, padded_time, key_dim = k.shape
     value_dim = v.shape[-1]
     num_chunks = padded_time // chunk

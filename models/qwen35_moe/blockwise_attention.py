@@ -65,21 +65,9 @@ def blockwise_attention(query_BxTxNxD: jax.Array, key_BxSxKxD: jax.Array, value_
             k_BxCxKxD, v_BxCxKxD, k_segments_BxC, j = ys
 
             def update(carry):
-                m_BxKxGxC, l_BxKxGxC, acc_BxKxGxCxD = carry
-                s_BxKxGxCxC = jnp.einsum("bqkgd,bckd->bkgqc", q_BxCxKxGxD.astype(dt), k_BxCxKxD.astype(dt),
-                                         preferred_element_type=jnp.float32) * (D ** -0.5)
                 visible_BxCxC = (q_index_C[:, None] >= (j * C + offsets_C)[None, :])[None]
                 visible_BxCxC = visible_BxCxC & (q_segments_BxC[:, :, None] == k_segments_BxC[:, None, :])
-                s_BxKxGxCxC = jnp.where(visible_BxCxC[:, None, None], s_BxKxGxCxC, _MASKED)
-                # the result does not depend on m, so its gradient path is cut (exactly, not an approximation)
-                m_new_BxKxGxC = jax.lax.stop_gradient(jnp.maximum(m_BxKxGxC, jnp.max(s_BxKxGxCxC, axis=-1)))
-                rescale_BxKxGxC = jnp.exp(m_BxKxGxC - m_new_BxKxGxC)
-                p_BxKxGxCxC = jnp.exp(s_BxKxGxCxC - m_new_BxKxGxC[..., None])
-                l_BxKxGxC = rescale_BxKxGxC * l_BxKxGxC + jnp.sum(p_BxKxGxCxC, axis=-1)
-                pv_BxKxGxCxD = jnp.einsum("bkgqc,bckd->bkgqd", p_BxKxGxCxC.astype(dt), v_BxCxKxD.astype(dt),
-                                          preferred_element_type=jnp.float32)
-                acc_BxKxGxCxD = rescale_BxKxGxC[..., None] * acc_BxKxGxCxD + pv_BxKxGxCxD
-                return m_new_BxKxGxC, l_BxKxGxC, acc_BxKxGxCxD
+                return _fold_key_block(carry, q_BxCxKxGxD, k_BxCxKxD, v_BxCxKxD, visible_BxCxC, dt)
 
             return jax.lax.cond(j * C <= q_index_C[-1], update, lambda c: c, carry), None
 
@@ -94,6 +82,27 @@ def blockwise_attention(query_BxTxNxD: jax.Array, key_BxSxKxD: jax.Array, value_
     _, out_NqxBxCxNxD = jax.lax.scan(jax.checkpoint(query_block, prevent_cse=False), None,
                                      (q_NqxBxCxKxGxD, q_segments_NqxBxC, jnp.arange(n_q)))
     return jnp.moveaxis(out_NqxBxCxNxD, 0, 1).reshape(B, n_q * C, N, D)[:, :T]
+
+
+def _fold_key_block(carry, q_BxCxKxGxD: jax.Array, k_BxCxKxD: jax.Array, v_BxCxKxD: jax.Array,
+                    visible_BxCxC: jax.Array, dt) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One key block folded into a query block's running softmax (m: the running max, l: its normaliser, acc: the
+    unnormalised output): scores in fp32 from `dt` operands, hidden where not `visible`, the old sums rescaled to
+    the new max."""
+    m_BxKxGxC, l_BxKxGxC, acc_BxKxGxCxD = carry
+    D = q_BxCxKxGxD.shape[-1]
+    s_BxKxGxCxC = jnp.einsum("bqkgd,bckd->bkgqc", q_BxCxKxGxD.astype(dt), k_BxCxKxD.astype(dt),
+                             preferred_element_type=jnp.float32) * (D ** -0.5)
+    s_BxKxGxCxC = jnp.where(visible_BxCxC[:, None, None], s_BxKxGxCxC, _MASKED)
+    # the result does not depend on m, so its gradient path is cut (exactly, not an approximation)
+    m_new_BxKxGxC = jax.lax.stop_gradient(jnp.maximum(m_BxKxGxC, jnp.max(s_BxKxGxCxC, axis=-1)))
+    rescale_BxKxGxC = jnp.exp(m_BxKxGxC - m_new_BxKxGxC)
+    p_BxKxGxCxC = jnp.exp(s_BxKxGxCxC - m_new_BxKxGxC[..., None])
+    l_BxKxGxC = rescale_BxKxGxC * l_BxKxGxC + jnp.sum(p_BxKxGxCxC, axis=-1)
+    pv_BxKxGxCxD = jnp.einsum("bkgqc,bckd->bkgqd", p_BxKxGxCxC.astype(dt), v_BxCxKxD.astype(dt),
+                              preferred_element_type=jnp.float32)
+    acc_BxKxGxCxD = rescale_BxKxGxC[..., None] * acc_BxKxGxCxD + pv_BxKxGxCxD
+    return m_new_BxKxGxC, l_BxKxGxC, acc_BxKxGxCxD
 
 
 def _blocks(x_BxTx___: jax.Array, n_blocks: int) -> jax.Array:

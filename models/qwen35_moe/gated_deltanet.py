@@ -73,22 +73,9 @@ class GatedDeltaNet(nnx.Module):
         b_BxTxHv = jnp.einsum("bth,hn->btn", x_BxTxH, cast(self.b_proj, dt))
         a_BxTxHv = jnp.einsum("bth,hn->btn", x_BxTxH, cast(self.a_proj, dt))
 
-        windows = None if cache is None else (cache["conv_q"], cache["conv_k"], cache["conv_v"])
-        convolved, new_windows = [], []
-        for i, (pre_BxTxNxD, weight, dims) in enumerate(((q_BxTxHkxDk, self.conv_q, KEY_HEADS),
-                                                        (k_BxTxHkxDk, self.conv_k, KEY_HEADS),
-                                                        (v_BxTxHvxDv, self.conv_v, VALUE_HEADS))):
-            window = None if windows is None else windows[i]
-            if row_split is not None and cache is None:
-                out, new_window = split_causal_conv(pre_BxTxNxD, cast(weight, dt), segment_ids_BxT, row_split,
-                                                    dims), None
-            else:
-                out, new_window = causal_depthwise_conv(pre_BxTxNxD, cast(weight, dt),
-                                                        segment_ids_BxT=segment_ids_BxT, window_BxWm1xNxD=window,
-                                                        valid_BxT=valid_BxT)
-            convolved.append(jax.nn.silu(out))
-            new_windows.append(new_window)
-        q_BxTxHkxDk, k_BxTxHkxDk, v_BxTxHvxDv = convolved
+        (q_BxTxHkxDk, k_BxTxHkxDk, v_BxTxHvxDv), new_windows = self._conv(
+            (q_BxTxHkxDk, k_BxTxHkxDk, v_BxTxHvxDv), dt, segment_ids_BxT=segment_ids_BxT, cache=cache,
+            valid_BxT=valid_BxT, row_split=row_split)
 
         beta_BxTxHv = jax.nn.sigmoid(b_BxTxHv).astype(jnp.float32)
         g_BxTxHv = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(
@@ -110,7 +97,7 @@ class GatedDeltaNet(nnx.Module):
                      segment_ids_BxT)
         if row_split is not None and cache is None:
             o_BxTxHvxDv, final_state = split_delta_rule(
-                *rule_args, row_split, impl=impl, chunk_size=cfg.gdn_chunk_size, value_dims=VALUE_HEADS,
+                rule_args, row_split, impl=impl, chunk_size=cfg.gdn_chunk_size, value_dims=VALUE_HEADS,
                 gate_dims=GATE_HEADS, state_dims=STATE)
         else:
             o_BxTxHvxDv, final_state = _delta_rule(*rule_args, impl=impl, chunk_size=cfg.gdn_chunk_size)
@@ -122,6 +109,25 @@ class GatedDeltaNet(nnx.Module):
                          "state": final_state}
         return out_BxTxH, new_cache
 
+
+    def _conv(self, qkv: tuple, dt, *, segment_ids_BxT, cache, valid_BxT, row_split) -> tuple[list, list]:
+        """(SiLU of the causal depthwise conv of each of q, k, v, their new conv windows (None without a cache)):
+        on rows split over 'sequence' (no cache) by `split_causal_conv`, else over the cache's windows."""
+        windows = None if cache is None else (cache["conv_q"], cache["conv_k"], cache["conv_v"])
+        convolved, new_windows = [], []
+        for i, (pre_BxTxNxD, weight, dims) in enumerate(zip(qkv, (self.conv_q, self.conv_k, self.conv_v),
+                                                            (KEY_HEADS, KEY_HEADS, VALUE_HEADS))):
+            window = None if windows is None else windows[i]
+            if row_split is not None and cache is None:
+                out, new_window = split_causal_conv(pre_BxTxNxD, cast(weight, dt), segment_ids_BxT, row_split,
+                                                    dims), None
+            else:
+                out, new_window = causal_depthwise_conv(pre_BxTxNxD, cast(weight, dt),
+                                                        segment_ids_BxT=segment_ids_BxT, window_BxWm1xNxD=window,
+                                                        valid_BxT=valid_BxT)
+            convolved.append(jax.nn.silu(out))
+            new_windows.append(new_window)
+        return convolved, new_windows
 
 def _delta_rule(q_BxTxHxK, k_BxTxHxK, v_BxTxHxV, g_BxTxH, beta_BxTxH, initial_state_BxHxKxV, segment_ids_BxT, *,
                 impl: str, chunk_size: int):

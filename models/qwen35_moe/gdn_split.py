@@ -60,16 +60,17 @@ def split_causal_conv(x_BxTxNxD: jax.Array, weight_WxNxD: jax.Array, segment_ids
                      out_shapes=jax.ShapeDtypeStruct(x_BxTxNxD.shape, x_BxTxNxD.dtype))
 
 
-def split_delta_rule(q_BxTxHxK, k_BxTxHxK, v_BxTxHxV, g_BxTxH, beta_BxTxH, initial_state_BxHxKxV, segment_ids_BxT,
-                     split: RowSplit, *, impl: str, chunk_size: int, value_dims: tuple, gate_dims: tuple,
-                     state_dims: tuple):
-    """`gated_delta_rule` of rows in split order: (o in split order, the final state of each row)."""
+def split_delta_rule(args: tuple, split: RowSplit, *, impl: str, chunk_size: int, value_dims: tuple,
+                     gate_dims: tuple, state_dims: tuple):
+    """`gated_delta_rule` of rows in split order: (o in split order, the final state of each row); `args` are the
+    rule's (q, k, v, g, beta, initial_state, segment_ids), [B, T, H, K] / [B, T, H, V] / [B, T, H] / [B, H, K, V] /
+    [B, T]."""
     def rule(q, k, v, g, beta, initial_state, segment_ids):
         return split_gated_delta_rule(q, k, v, g, beta, axis=split.axis, span_table=split.table,
                                       initial_state_BxHxKxV=initial_state, segment_ids_BxT=segment_ids, impl=impl,
                                       chunk_size=chunk_size)
 
-    args = (q_BxTxHxK, k_BxTxHxK, v_BxTxHxV, g_BxTxH, beta_BxTxH, initial_state_BxHxKxV, segment_ids_BxT)
+    k_BxTxHxK, v_BxTxHxV = args[1], args[2]
     B, _, H, K = k_BxTxHxK.shape
     V = v_BxTxHxV.shape[-1]
     shapes = (jax.ShapeDtypeStruct(v_BxTxHxV.shape, jnp.float32), jax.ShapeDtypeStruct((B, H, K, V), jnp.float32))

@@ -169,8 +169,7 @@ def _local_ep(x_nxH, expert_nxK, weight_nxK, gate_ExHxI, up_ExHxI, down_ExIxH, *
         y_sorted_MxH = _grouped_swiglu(x_sorted_MxH, counts_E, gate_ExHxI, up_ExHxI, down_ExIxH)
     else:
         y_sorted_MxH = _exchange_and_compute(x_sorted_MxH, counts_E.reshape(ep_size, E_local), gate_ExHxI, up_ExHxI,
-                                             down_ExIxH, n=n, K=K, ep=ep, ep_size=ep_size, dispatch=ctx.dispatch,
-                                             round_factor=ctx.round_factor)
+                                             down_ExIxH, n=n, K=K, ctx=ctx)
     y_MxH = jnp.zeros((M, H), y_sorted_MxH.dtype).at[order_M].set(y_sorted_MxH)
     out_nxH = jnp.einsum("nkh,nk->nh", y_MxH.reshape(n, K, H), weight_nxK)
     return jax.lax.psum(out_nxH, tp) if tp else out_nxH
@@ -185,8 +184,7 @@ def round_rows(tokens_per_device: int, top_k: int, experts_per_device: int, ep_s
     return rows, -(-worst // rows)
 
 
-def _exchange_and_compute(x_sorted_MxH, send_counts_PxL, gate_LxHxI, up_LxHxI, down_LxIxH, *, n, K, ep, ep_size,
-                          dispatch, round_factor):
+def _exchange_and_compute(x_sorted_MxH, send_counts_PxL, gate_LxHxI, up_LxHxI, down_LxIxH, *, n, K, ctx):
     """Send sorted rows to their expert-ranks, run the local experts, return the results in the sorted order.
 
     A receiver's incoming rows form one stream: source 0's rows, then source 1's, ..., each grouped by local expert.
@@ -196,9 +194,9 @@ def _exchange_and_compute(x_sorted_MxH, send_counts_PxL, gate_LxHxI, up_LxHxI, d
     rounds past it are skipped by `lax.cond`, and a round's body is rematerialised in the backward pass, so memory
     stays one round's buffers whatever the routing.
     """
-    M, H = x_sorted_MxH.shape
+    ep, ep_size, M, H = ctx.ep, ctx.ep_size, *x_sorted_MxH.shape
     E_local = gate_LxHxI.shape[0]
-    B, max_rounds = round_rows(n, K, E_local, ep_size, round_factor)
+    B, max_rounds = round_rows(n, K, E_local, ep_size, ctx.round_factor)
     me = jax.lax.axis_index(ep)
     send_P = jnp.sum(send_counts_PxL, axis=1)
     sizes_PxP = jax.lax.all_gather(send_P, ep)  # [source, destination]
@@ -207,7 +205,7 @@ def _exchange_and_compute(x_sorted_MxH, send_counts_PxL, gate_LxHxI, up_LxHxI, d
     send_offsets_P = _exclusive_cumsum(send_P)  # where my rows for d start in x_sorted
     back_offsets_P = _exclusive_cumsum(sizes_PxP, axis=1)[:, me]  # where s's rows for me start in s's x_sorted
     rounds = -(-jnp.max(jnp.sum(sizes_PxP, axis=0)) // B)
-    exchange = (jax.lax.ragged_all_to_all if dispatch == "ragged"
+    exchange = (jax.lax.ragged_all_to_all if ctx.dispatch == "ragged"
                 else functools.partial(_padded_ragged_all_to_all, slot_rows=min(M, B)))
 
     def one_round(r):

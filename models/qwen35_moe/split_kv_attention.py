@@ -85,63 +85,71 @@ def split_kv_cached_attention(query_BxTxNxD: jax.Array, key_BxTxKxD: jax.Array, 
     scatter_heads = N % t == 0
     out_spec = PartitionSpec(*rows_spec, None, axis if scatter_heads else None, None)
 
-    def local(query, key, value, keys, values, write_index, query_index, layer):
-        dt = query.dtype
-        b, s = keys.shape[-4], keys.shape[-3]
-        G = N // K
-        q_BxTxKxGxD = query.reshape(b, T, K, G, D)
-        # the span's cached positions before the new tokens (read before this call's writes, straight from the
-        # carried stack), then the new tokens themselves (every chip holds them: counted once, after the combine)
-        start = jax.lax.axis_index(axis) * s
-        old_max, old_norm, old_out = cached_partial_softmax(q_BxTxKxGxD, keys, values, layer,
-                                                            query_index[:, 0] - start)
-        heads = lambda x_BxKxGxT: jnp.moveaxis(x_BxKxGxT, -1, 1).reshape(b, T, -1)  # noqa: E731  -> [b, T, heads]
-        total_max = jax.lax.pmax(old_max, axis)
-        rescale = _rescale(old_max, total_max)
-        old_norm_BxTxN = heads(jax.lax.psum(old_norm * rescale, axis))
-        old_out_BxTxNxD = (old_out * jnp.moveaxis(rescale, -1, 1)[..., None]).reshape(b, T, N, D)
-        total_max_BxTxN = heads(total_max)
-        new_visible_BxTxT = ((jnp.arange(T)[:, None] >= jnp.arange(T)[None, :])[None]
-                             & (write_index < S)[:, None, :])
-        if scatter_heads:  # this chip's n query heads from here on: the new tokens' scores for those heads only
-            n = N // t
-            first = jax.lax.axis_index(axis) * n
-            own = lambda x: jax.lax.dynamic_slice_in_dim(x, first, n, axis=2)  # noqa: E731
-            out_BxTxNxD = jax.lax.psum_scatter(old_out_BxTxNxD, axis, scatter_dimension=2, tiled=True)
-            old_norm_BxTxN, total_max_BxTxN = own(old_norm_BxTxN), own(total_max_BxTxN)
-            kv_head_n = (first + jnp.arange(n)) // G
-            new_max, new_norm, new_out = _partial_softmax(
-                own(query)[:, :, :, None], jnp.take(key, kv_head_n, axis=2).astype(dt),
-                jnp.take(value, kv_head_n, axis=2).astype(dt), new_visible_BxTxT)
-        else:
-            out_BxTxNxD = jax.lax.psum(old_out_BxTxNxD, axis)
-            new_max, new_norm, new_out = _partial_softmax(q_BxTxKxGxD, key.astype(dt), value.astype(dt),
-                                                          new_visible_BxTxT)
-        new_max_BxTxN, new_norm_BxTxN = heads(new_max), heads(new_norm)
-        new_out_BxTxNxD = new_out.reshape(*new_max_BxTxN.shape, D)
-        both_max = jnp.maximum(total_max_BxTxN, new_max_BxTxN)
-        old_scale, new_scale = _rescale(total_max_BxTxN, both_max), _rescale(new_max_BxTxN, both_max)
-        norm_BxTxN = old_norm_BxTxN * old_scale + new_norm_BxTxN * new_scale
-        out_BxTxNxD = out_BxTxNxD * old_scale[..., None] + new_out_BxTxNxD * new_scale[..., None]
-        out_BxTxNxD = out_BxTxNxD / jnp.maximum(norm_BxTxN, jnp.finfo(jnp.float32).tiny)[..., None]
-
-        local_write = write_index - start
-        local_write = jnp.where((local_write >= 0) & (local_write < s), local_write, s)  # not ours: dropped
-        rows = jnp.broadcast_to(jnp.arange(b)[:, None], local_write.shape)
-        at = (rows, local_write) if layer is None else (layer, rows, local_write)
-        keys = keys.at[at].set(key.astype(keys.dtype), mode="drop")
-        values = values.at[at].set(value.astype(values.dtype), mode="drop")
-        return out_BxTxNxD.astype(dt), keys, values
-
     layer_args = () if layer is None else (layer,)
     out, keys, values = jax.shard_map(
-        lambda *args: local(*args[:7], args[7] if layer_args else None), mesh=mesh,
+        lambda *args: _local_attention((axis, t, S), *args[:7], args[7] if layer_args else None), mesh=mesh,
         in_specs=(whole(query_BxTxNxD), whole(key_BxTxKxD), whole(value_BxTxKxD), cache_spec, cache_spec,
                   whole(write_index_BxT), whole(query_index_BxT)) + (PartitionSpec(),) * len(layer_args),
         out_specs=(out_spec, cache_spec, cache_spec), check_vma=False,
     )(query_BxTxNxD, key_BxTxKxD, value_BxTxKxD, cache["k"], cache["v"], write_index_BxT, query_index_BxT,
       *layer_args)
     return out, {"k": keys, "v": values}
+
+
+def _local_attention(split: tuple, query, key, value, keys, values, write_index, query_index, layer):
+    """One chip's share of `split_kv_cached_attention` inside `shard_map`, `split` = (the mesh axis the cache
+    is split over, its size, the whole cache length): its rows' queries over its span of the cache, combined
+    across the axis with the new tokens (counted once), and the new keys / values written into its span."""
+    axis, t, S = split
+    T, N, D = query.shape[1:]
+    K = key.shape[2]
+    scatter_heads = N % t == 0
+    dt = query.dtype
+    b, s = keys.shape[-4], keys.shape[-3]
+    G = N // K
+    q_BxTxKxGxD = query.reshape(b, T, K, G, D)
+    # the span's cached positions before the new tokens (read before this call's writes, straight from the
+    # carried stack), then the new tokens themselves (every chip holds them: counted once, after the combine)
+    start = jax.lax.axis_index(axis) * s
+    old_max, old_norm, old_out = cached_partial_softmax(q_BxTxKxGxD, keys, values, layer,
+                                                        query_index[:, 0] - start)
+    heads = lambda x_BxKxGxT: jnp.moveaxis(x_BxKxGxT, -1, 1).reshape(b, T, -1)  # noqa: E731  -> [b, T, heads]
+    total_max = jax.lax.pmax(old_max, axis)
+    rescale = _rescale(old_max, total_max)
+    old_norm_BxTxN = heads(jax.lax.psum(old_norm * rescale, axis))
+    old_out_BxTxNxD = (old_out * jnp.moveaxis(rescale, -1, 1)[..., None]).reshape(b, T, N, D)
+    total_max_BxTxN = heads(total_max)
+    new_visible_BxTxT = ((jnp.arange(T)[:, None] >= jnp.arange(T)[None, :])[None]
+                         & (write_index < S)[:, None, :])
+    if scatter_heads:  # this chip's n query heads from here on: the new tokens' scores for those heads only
+        n = N // t
+        first = jax.lax.axis_index(axis) * n
+        own = lambda x: jax.lax.dynamic_slice_in_dim(x, first, n, axis=2)  # noqa: E731
+        out_BxTxNxD = jax.lax.psum_scatter(old_out_BxTxNxD, axis, scatter_dimension=2, tiled=True)
+        old_norm_BxTxN, total_max_BxTxN = own(old_norm_BxTxN), own(total_max_BxTxN)
+        kv_head_n = (first + jnp.arange(n)) // G
+        new_max, new_norm, new_out = _partial_softmax(
+            own(query)[:, :, :, None], jnp.take(key, kv_head_n, axis=2).astype(dt),
+            jnp.take(value, kv_head_n, axis=2).astype(dt), new_visible_BxTxT)
+    else:
+        out_BxTxNxD = jax.lax.psum(old_out_BxTxNxD, axis)
+        new_max, new_norm, new_out = _partial_softmax(q_BxTxKxGxD, key.astype(dt), value.astype(dt),
+                                                      new_visible_BxTxT)
+    new_max_BxTxN, new_norm_BxTxN = heads(new_max), heads(new_norm)
+    new_out_BxTxNxD = new_out.reshape(*new_max_BxTxN.shape, D)
+    both_max = jnp.maximum(total_max_BxTxN, new_max_BxTxN)
+    old_scale, new_scale = _rescale(total_max_BxTxN, both_max), _rescale(new_max_BxTxN, both_max)
+    norm_BxTxN = old_norm_BxTxN * old_scale + new_norm_BxTxN * new_scale
+    out_BxTxNxD = out_BxTxNxD * old_scale[..., None] + new_out_BxTxNxD * new_scale[..., None]
+    out_BxTxNxD = out_BxTxNxD / jnp.maximum(norm_BxTxN, jnp.finfo(jnp.float32).tiny)[..., None]
+
+    local_write = write_index - start
+    local_write = jnp.where((local_write >= 0) & (local_write < s), local_write, s)  # not ours: dropped
+    rows = jnp.broadcast_to(jnp.arange(b)[:, None], local_write.shape)
+    at = (rows, local_write) if layer is None else (layer, rows, local_write)
+    keys = keys.at[at].set(key.astype(keys.dtype), mode="drop")
+    values = values.at[at].set(value.astype(values.dtype), mode="drop")
+    return out_BxTxNxD.astype(dt), keys, values
 
 
 def cached_partial_softmax(q_BxTxKxGxD: jax.Array, keys: jax.Array, values: jax.Array, layer: jax.Array | None,
