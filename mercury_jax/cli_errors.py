@@ -19,15 +19,14 @@ the line, and the status is 2.
 """
 from __future__ import annotations
 
-import gc
-import os
-import sys
-import traceback
 from collections.abc import Callable, Sequence
 
+from mercury_jax.cli import ending
+from mercury_jax.cli.ending import DEBUG_ENV, EXIT_BUG, EXIT_REFUSED, add_debug_flag, debug_requested, one_line
 from mercury_jax.config.validate import ConfigError
 from mercury_jax.data.chat_records import BadRecord
 from mercury_jax.data.corpus import CorpusError
+from mercury_jax.data.uris import RemotePathError
 from mercury_jax.envs.judge import JudgeError
 from mercury_jax.envs.mcp_adapter import MCPConnectError
 from mercury_jax.parallel.peer_watch import PEER_LOST_EXIT
@@ -39,16 +38,12 @@ from mercury_jax.runs.run_reader import RunReadError
 from mercury_jax.runs.workdir_lock import WorkdirLocked
 from mercury_jax.train.async_batches import AsyncLayoutChanged
 from mercury_jax.train.guards import NonFiniteError
-from mercury_jax.uris import RemotePathError
 from models.qwen35_moe.checkpoint_errors import CheckpointError
 from models.qwen35_moe.moe_ep import ExpertParallelError
 from models.qwen35_moe.row_split import RowSplitError
 
-EXIT_BUG = 1
-EXIT_REFUSED = 2
 EXIT_PEER_LOST = PEER_LOST_EXIT
 EXIT_PREEMPTED = 143  # 128 + SIGTERM
-DEBUG_ENV = "MERCURY_DEBUG"
 
 # The errors whose message is written for the user (what is wrong, and the fix): each ends a run in one line.
 PROJECT_ERRORS: tuple[type[BaseException], ...] = (
@@ -60,70 +55,22 @@ PROJECT_ERRORS: tuple[type[BaseException], ...] = (
     MCPConnectError, JudgeError,                                       # services the run depends on
 )
 
-
-def debug_requested(argv: Sequence[str] | None = None, environ=os.environ) -> bool:
-    """`--debug` (or `--debug=true`) on the command line, or MERCURY_DEBUG set to anything but 0 / false / no."""
-    argv = sys.argv[1:] if argv is None else argv
-    if any(arg in ("--debug", "--debug=true", "--debug=True", "--debug=1") for arg in argv):
-        return True
-    return environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+__all__ = ["DEBUG_ENV", "EXIT_BUG", "EXIT_PEER_LOST", "EXIT_PREEMPTED", "EXIT_REFUSED", "PROJECT_ERRORS",
+           "add_debug_flag", "debug_requested", "one_line", "refusal", "report", "run_entry_point"]
 
 
 def refusal(error: BaseException, extra: tuple[type[BaseException], ...] = ()) -> str | None:
-    """The one line (without `error: `) that `error` ends a run with, or None when it is a bug. Exception notes
-    (grain adds one to an exception raised in its pipeline) are not part of the line."""
-    if isinstance(error, SystemExit):
-        if not isinstance(error.code, str):
-            return None
-        text = error.code
-        return one_line(text[len("error:"):] if text.startswith("error:") else text)
-    if isinstance(error, PROJECT_ERRORS + tuple(extra)):
-        return one_line(str(error)) or type(error).__name__
-    return None
-
-
-def one_line(text: str) -> str:
-    """`text` on one line: its non-empty lines joined by "; "."""
-    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+    """The one line (without `error: `) that `error` ends a run with, or None when it is a bug."""
+    return ending.refusal(error, PROJECT_ERRORS + tuple(extra))
 
 
 def report(error: BaseException, *, extra: tuple[type[BaseException], ...] = (), debug: bool = False,
            stream=None) -> int:
-    """Print what the user sees of `error` and return the exit status: a refusal's one line (after the traceback
-    when `debug`), or a bug's traceback."""
-    stream = sys.stderr if stream is None else stream
-    message = refusal(error, extra)
-    if message is None:
-        traceback.print_exception(error, file=stream)
-        return EXIT_BUG
-    if debug and not isinstance(error, SystemExit):
-        traceback.print_exception(error, file=stream)
-    print(f"error: {message}", file=stream, flush=True)
-    return EXIT_REFUSED
+    """Print what the user sees of `error` (`ending.report` over the project's errors) and return the exit status."""
+    return ending.report(error, PROJECT_ERRORS + tuple(extra), debug=debug, stream=stream)
 
 
 def run_entry_point(body: Callable[[], object], argv: Sequence[str] | None = None, *,
                     extra: tuple[type[BaseException], ...] = ()):
-    """Run an entry point's `body`; a refusal (`refusal`) exits 2 after one `error:` line, anything else goes on
-    as it would (a bug's traceback, exit 1; a SystemExit with a number, e.g. 143 after a preemption)."""
-    try:
-        return body()
-    except SystemExit as error:
-        if refusal(error) is None:
-            raise
-        report(error)
-    except Exception as error:  # noqa: BLE001 - sorted into refusals and bugs by `refusal`
-        if refusal(error, extra) is None:
-            raise
-        report(error, extra=extra, debug=debug_requested(argv))
-    # The failed run's objects go now, while their finalizers can run: grain's rows in shared memory, held by the
-    # error's frames, are freed by their own, not reported as "leaked" by multiprocessing's resource tracker.
-    gc.collect()
-    raise SystemExit(EXIT_REFUSED)
-
-
-def add_debug_flag(parser) -> None:
-    """`--debug` on an argparse entry point (read by `debug_requested`, before parsing can fail)."""
-    parser.add_argument("--debug", action="store_true",
-                        help=f"print the traceback of a refusal too (also {DEBUG_ENV}=1); exit codes: see "
-                             f"mercury_jax/cli_errors.py")
+    """`ending.run_entry_point` over the project's own errors (and `extra`)."""
+    return ending.run_entry_point(body, PROJECT_ERRORS + tuple(extra), argv)

@@ -30,13 +30,13 @@ from ml_collections import config_flags
 from mercury_jax import cli_errors
 from mercury_jax.config.registry import pipeline
 from mercury_jax.config.validate import ConfigError, validate_config
+from mercury_jax.data.uris import RemotePathError, check_remote
 from mercury_jax.parallel import distributed, peer_watch
 from mercury_jax.runs import preemption  # SIGTERM: checkpoint the current step, then exit 143
 from mercury_jax.runs.environment import record_environment  # package versions of each start
 from mercury_jax.runs.resume import check_corpus, check_run_config  # a rerun resumes: it must be the same run
 from mercury_jax.runs.run_guard import run_guard  # the workdir lock and the peer watch
 from mercury_jax.runs.rundir import RunDir, is_local
-from mercury_jax.uris import RemotePathError, check_remote
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file, e.g. experiments/sao.py:tiny",
                                           lock_config=True)

@@ -163,7 +163,8 @@ def test_mosaic_compiles_for_v5p_when_libtpu_is_installed():
     bf16, segments). Skipped without libtpu; run with PYTHONPATH=<libtpu dir> (see bench/gated_delta_aot.py)."""
     import importlib.util
     if importlib.util.find_spec("libtpu") is None:
-        pytest.skip("libtpu is not installed (pip install --target DIR 'libtpu==0.0.52'; PYTHONPATH=DIR; docs/USAGE.md)")
+        pytest.skip("libtpu is not installed (pip install --target DIR 'libtpu==0.0.52'; PYTHONPATH=DIR; docs/USAGE.md)"
+                    )
     from mercury_jax.bench.gated_delta_aot import compile_kernels
 
     results, _ = compile_kernels("v5p:2x2x2", batch=8, seq=200, heads=2, key_dim=128, value_dim=128, chunk=64,

@@ -20,7 +20,7 @@ import grain
 import numpy as np
 from etils import epath
 
-from mercury_jax.uris import check_remote
+from mercury_jax.data.uris import check_remote
 
 JSONL_SUFFIXES = (".jsonl", ".json")
 ARRAY_RECORD_SUFFIXES = (".array_record", ".arrayrecord")

@@ -4,7 +4,7 @@ tests and the input-pipeline benchmark, and to try `--config.sft.data` without a
 
     python -m mercury_jax.data.synthetic --out /tmp/chats.jsonl --records 1000 --words 400
 
-Exit codes: `mercury_jax/cli_errors.py` (0 done; 2 refused, e.g. an `--out` that cannot be written, with one
+Exit codes: `mercury_jax/cli/ending.py` (0 done; 2 refused, e.g. an `--out` that cannot be written, with one
 `error:` line; 1 a bug, with its traceback).
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json
 
 import numpy as np
 
-from mercury_jax import cli_errors
+from mercury_jax.cli import ending
 
 WORDS = ("account ticket invoice customer order refund shipment status review policy update record meeting "
          "calendar report budget vendor contract approval request balance payment audit schedule inventory").split()
@@ -72,10 +72,10 @@ def main(argv=None) -> None:
     parser.add_argument("--words", type=int, default=200, help="mean words a chat (uniform in 0.5x .. 1.5x)")
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    cli_errors.add_debug_flag(parser)
+    ending.add_debug_flag(parser)
     args = parser.parse_args(argv)
-    cli_errors.run_entry_point(lambda: write_corpus(args.out, args.records, words=args.words, turns=args.turns,
-                                                    seed=args.seed), argv, extra=(OSError,))
+    ending.run_entry_point(lambda: write_corpus(args.out, args.records, words=args.words, turns=args.turns,
+                                                seed=args.seed), (OSError,), argv)  # an unwritable --out
     print(f"wrote {args.records} chats to {args.out}")
 
 

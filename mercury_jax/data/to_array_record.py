@@ -5,7 +5,7 @@
 Each record is kept as its JSON line's bytes, in corpus order (record i stays record i), written as
 `part-00000.array_record`, ... under `--out` (local or gs://; gs:// needs the optional package gcsfs).
 
-Exit codes (`cli_errors.py`): 0 done; 2 refused, one `error:` line on stderr (`--data` names no file, a file that
+Exit codes (`cli/ending.py`): 0 done; 2 refused, one `error:` line on stderr (`--data` names no file, a file that
 cannot be read or written, a gs:// path without gcsfs; `--debug` or MERCURY_DEBUG=1 adds the traceback); 1 a bug,
 with its traceback.
 """
@@ -16,9 +16,10 @@ import argparse
 from array_record.python.array_record_module import ArrayRecordWriter
 from etils import epath
 
-from mercury_jax import cli_errors
-from mercury_jax.data.corpus import JsonlCorpus, corpus_files
-from mercury_jax.uris import check_remote
+from mercury_jax.cli import ending
+from mercury_jax.data.chat_records import BadRecord
+from mercury_jax.data.corpus import CorpusError, JsonlCorpus, corpus_files
+from mercury_jax.data.uris import RemotePathError, check_remote
 
 
 def convert(spec: str, out: str, records_per_file: int = 4096) -> list[str]:
@@ -41,10 +42,10 @@ def main(argv=None) -> None:
     parser.add_argument("--data", required=True, help="JSONL files, globs or directories, comma-separated")
     parser.add_argument("--out", required=True)
     parser.add_argument("--records-per-file", type=int, default=4096)
-    cli_errors.add_debug_flag(parser)
+    ending.add_debug_flag(parser)
     args = parser.parse_args(argv)
-    files = cli_errors.run_entry_point(lambda: convert(args.data, args.out, args.records_per_file), argv,
-                                       extra=(OSError,))  # an unreadable input or unwritable --out: the user's to fix
+    refusals = (CorpusError, BadRecord, RemotePathError, OSError)  # OSError: an unreadable input, an unwritable --out
+    files = ending.run_entry_point(lambda: convert(args.data, args.out, args.records_per_file), refusals, argv)
     print(f"wrote {len(files)} ArrayRecord files to {args.out}")
 
 

@@ -34,7 +34,7 @@ from mercury_jax.config.registry import PIPELINES, stages
 from mercury_jax.runs.checkpoint_faults import describe, named_file
 from mercury_jax.runs.checkpoint_roles import ROLE_ITEM_PREFIX
 from mercury_jax.runs.rundir import RunDir, checkpoint_steps
-from mercury_jax.uris import check_remote
+from mercury_jax.data.uris import check_remote
 from models.qwen35_moe import Qwen35MoeConfig, Qwen35MoeForCausalLM
 from models.qwen35_moe.checkpoint_errors import CheckpointError
 

@@ -30,7 +30,7 @@ from etils import epath
 from mercury_jax.config.registry import stages
 from mercury_jax.parallel.distributed import is_primary
 from mercury_jax.runs.checkpoint_roles import is_arrays_item
-from mercury_jax.uris import check_remote
+from mercury_jax.data.uris import check_remote
 
 
 def checkpoint_steps(checkpoint_dir: str | os.PathLike) -> list[int]:
