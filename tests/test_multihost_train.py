@@ -2,7 +2,7 @@
 
 Each test runs `python -m mercury_jax.main --config tests/multihost_config.py:PIPELINE` on this machine: one
 process of 8 CPU devices straight through (the reference), then 2 processes (loopback coordinator, gloo
-collectives; mercury_jax/bench/local_processes.py). The released layout's test preempts the 2 processes and resumes
+collectives; tests/local_processes.py). The released layout's test preempts the 2 processes and resumes
 them (the resume restores both pipelines' checkpoints through the same `loop.py`, so one pipeline carries it). The
 phases of a test share a persistent compilation cache (a resume compiles the programs the preempted run did).
 In the `per_process` tests every device group spans both processes (`device_layout = "per_process"`): each process
@@ -25,9 +25,8 @@ import signal
 import subprocess
 from pathlib import Path
 
+import local_processes
 import pytest
-
-from mercury_jax.bench import local_processes
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "tests/multihost_config.py"
@@ -37,7 +36,7 @@ DEVICES_PER_PROCESS = 8  # the reference's count in every process (see above)
 
 def _launch(pipeline: str, workdir: Path, logs: Path, processes: int, *, devices: int = DEVICES_PER_PROCESS,
             overrides: tuple[str, ...] = ()) -> list[subprocess.Popen]:
-    """`processes` processes of the pipeline (mercury_jax/bench/local_processes.py), sharing the test's persistent
+    """`processes` processes of the pipeline (tests/local_processes.py), sharing the test's persistent
     compilation cache (a resume compiles the programs the killed run did)."""
     return local_processes.launch(["--config", f"{CONFIG}:{pipeline}", "--workdir", str(workdir), *overrides],
                                   logs=logs, processes=processes, devices=devices, name=workdir.name,

@@ -142,7 +142,7 @@ def run_two(tmp_path, victim: int, timeout_s: float = 4.0, how: str = "kill"):
     """Two worker processes on a workdir with a committed step 3 (and a step 6 in flight); `victim` SIGKILLs itself
     3 s into its run (or raises, `how` = "raise"). Returns the workdir, the victim's and the survivor's return codes,
     the survivor's stderr, and the seconds it took after the first process left."""
-    from mercury_jax.bench.local_processes import free_port
+    from local_processes import free_port
 
     workdir = tmp_path / "run"
     (workdir / "sao" / "checkpoints" / "3" / "arrays").mkdir(parents=True)  # committed: it holds an array item
