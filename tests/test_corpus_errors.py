@@ -117,15 +117,28 @@ def test_grain_workers_exit_when_their_trainer_is_sigkilled(tmp_path):
         assert len(children) >= 2 and all(running(pid) for pid in children), children
         trainer.send_signal(signal.SIGKILL)
         trainer.wait(timeout=30)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # a worker still starting (imports under load) exits when it gets going
         while any(running(pid) for pid in children) and time.monotonic() < deadline:
             time.sleep(0.2)
         left = [pid for pid in children if running(pid)]
-        assert not left, f"still running 30 s after the trainer's SIGKILL: {left}"
+        assert not left, f"still running 120 s after the trainer's SIGKILL: {left}"
     finally:
         if trainer.poll() is None:
             trainer.kill()
         for pid in children:
             if running(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_worker_that_starts_after_its_trainer_died_exits_at_once():
+    """The race under load: a worker whose init runs only after the trainer's SIGKILL saw pid 1 as its parent and
+    took it for the trainer, so it never left. Planted: `parent = os.getppid()` whatever `trainer_pid` says."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    code = ("import time\nfrom mercury_jax.data.sft_rows import exit_with_parent\n"
+            f"exit_with_parent(1, 2, trainer_pid={gone.pid})\ntime.sleep(60)")
+    worker = subprocess.run([sys.executable, "-c", code],
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                            timeout=50)
+    assert worker.returncode == 1 and f"its trainer (pid {gone.pid}) is gone" in worker.stderr
 

@@ -15,6 +15,7 @@ the process count or on which process reads it, so a run on 2 processes trains o
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
 import threading
@@ -100,19 +101,21 @@ def shard_rows(corpus, tokenizer, spec: RowSpec, shard: int) -> grain.IterDatase
         if not flags.FLAGS.is_parsed():  # grain's workers read absl flags; a library caller (tests, benches) has none
             flags.FLAGS.mark_as_parsed()
         steps = steps.mp_prefetch(grain.MultiprocessingOptions(num_workers=spec.workers),
-                                  worker_init_fn=exit_with_parent)
+                                  worker_init_fn=functools.partial(exit_with_parent, trainer_pid=os.getpid()))
     return steps
 
 
 PARENT_POLL_S = 0.5  # how often a grain worker looks for its trainer
 
 
-def exit_with_parent(worker_index: int, worker_count: int) -> None:
+def exit_with_parent(worker_index: int, worker_count: int, *, trainer_pid: int | None = None) -> None:
     """Run in each grain worker before it reads data: a daemon thread ends the worker once the process that
     started it is gone. A trainer killed by SIGKILL (the OOM killer's signal) runs no cleanup, and its workers would
     live on under pid 1, holding memory and shared-memory blocks. A thread that polls the parent pid, not
-    PR_SET_PDEATHSIG: that signal fires when the starting *thread* ends, and grain starts workers from a pool."""
-    parent = os.getppid()
+    PR_SET_PDEATHSIG: that signal fires when the starting *thread* ends, and grain starts workers from a pool.
+    `trainer_pid` is bound in the trainer when it builds the pipeline: a worker that gets here only after its trainer
+    died (a slow start under load) sees another parent at once, instead of taking pid 1 for its trainer."""
+    parent = os.getppid() if trainer_pid is None else trainer_pid
 
     def watch() -> None:
         while os.getppid() == parent:
