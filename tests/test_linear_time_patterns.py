@@ -14,11 +14,11 @@ import time
 import pytest
 
 from mercury_jax.chat import parse_assistant
+from mercury_jax.chat.line_pattern import LinePattern
 from mercury_jax.chat.parse import _strip_stop_tokens
 from mercury_jax.envs.behaviour import ANSWER_PATTERN, TOOL_CALL_BLOCK, behaviour_multiplier, tool_call_spans
 from mercury_jax.envs.browse.stop_verifier import verify_stop
 from mercury_jax.envs.browse.tasks import ANSWER_LINE, extract_answer
-from mercury_jax.envs.line_pattern import LinePattern
 
 TOKENS = 8192
 BOUND_S = 0.05  # the bound for scoring one 8,192-token turn; each scorer takes ~0.1-12 ms here

@@ -39,7 +39,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mercury_jax.envs.line_pattern import LinePattern
+from mercury_jax.chat.line_pattern import LinePattern
 
 # `[^\S\n]*` (blanks within the line), not `\s*`: the same lines match, but `^\s*` let every line start of a run
 # of blank lines rescan the whole run (quadratic; 8,000 newlines took ~3 s). Possessive `*+`: a blank run that

@@ -11,8 +11,8 @@ import json
 import re
 from dataclasses import asdict
 
+from mercury_jax.chat.line_pattern import LinePattern
 from mercury_jax.envs.browse.corpus import CorpusConfig, generate_corpus, generate_questions
-from mercury_jax.envs.line_pattern import LinePattern
 
 BROWSE_TOOLS = ["find", "open", "search"]
 # The answer is the first non-blank text after the colon (it may start on a later line) to the end of its line,
