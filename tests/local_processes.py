@@ -93,16 +93,17 @@ def wait(procs: list[subprocess.Popen], *, logs: Path, timeout_s: float, until=N
     raise LaunchFailed(f"no result within {timeout_s:.0f} s\n{tails(logs)}")
 
 
-def run_reporting_script(script: Path, *, processes: int, args: tuple[str, ...] = (),
+def run_reporting_script(script: Path, *, processes: int, devices: int, args: tuple[str, ...] = (),
                          timeout_s: float = 300) -> dict[int, dict]:
-    """Run `python SCRIPT ARGS` as `processes` processes of one JAX run (loopback coordinator; the script sets its own
-    device count) and return each process's last JSON line (an object with a "process" key) by process. A process
-    that exits non-zero raises `LaunchFailed` with its stderr's tail."""
+    """Run `python SCRIPT ARGS` as `processes` processes of one JAX run (loopback coordinator, `devices` CPU devices
+    each, the repository on the path: the script's environment is set here, before it imports JAX) and return each
+    process's last JSON line (an object with a "process" key) by process. A process that exits non-zero raises
+    `LaunchFailed` with its stderr's tail."""
     port, procs = free_port(), []
     for rank in range(processes):
         env = {**os.environ, "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": str(processes),
-               "JAX_PROCESS_ID": str(rank), "JAX_PLATFORMS": "cpu"}
-        env.pop("XLA_FLAGS", None)
+               "JAX_PROCESS_ID": str(rank), "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT),
+               "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
         procs.append(subprocess.Popen([sys.executable, str(script), *args], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     reports = {}

@@ -12,22 +12,14 @@ holds after the restore against the values saved, and the step restored.
 from __future__ import annotations
 
 import json
-import os
 import sys
 
-os.environ["JAX_PLATFORMS"] = "cpu"
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from mercury_jax.parallel.distributed import initialize_from_env  # noqa: E402
-
-initialize_from_env()
-
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
-
-from mercury_jax.runs.checkpoints import Checkpointer, checkpoint_layout  # noqa: E402
+from mercury_jax.parallel.distributed import initialize_from_env
+from mercury_jax.runs.checkpoints import Checkpointer, checkpoint_layout
 
 ROLES = {"actor": (2, 6), "critic": (6, 10)}  # devices [start, stop) of jax.devices(): 2 processes each
 
@@ -52,6 +44,7 @@ def state(step: int) -> dict:
 
 
 def main(workdir: str) -> None:
+    initialize_from_env()  # before any device is touched: every process of the run joins first
     layout = checkpoint_layout(state(0))
     checkpointer = Checkpointer(workdir, save_every=1, keep=5, async_save=True, layout=layout)
     for step in (1, 2):

@@ -10,30 +10,22 @@ Python object of its own (`parallel.distributed.all_gather_objects`). Prints one
 from __future__ import annotations
 
 import json
-import os
-import sys
 
-os.environ["JAX_PLATFORMS"] = "cpu"
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
 
-from mercury_jax.parallel.distributed import all_gather_objects, initialize_from_env  # noqa: E402
-
-initialize_from_env()
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
-
-from mercury_jax.parallel import make_mesh, param_shardings  # noqa: E402
-from mercury_jax.rollout.layout import replica_meshes  # noqa: E402
-from mercury_jax.rollout.publish import Publisher  # noqa: E402
-from models.qwen35_moe import Qwen35MoeForCausalLM  # noqa: E402
-from models.qwen35_moe import config as C  # noqa: E402
+from mercury_jax.parallel import make_mesh, param_shardings
+from mercury_jax.parallel.distributed import all_gather_objects, initialize_from_env
+from mercury_jax.rollout.layout import replica_meshes
+from mercury_jax.rollout.publish import Publisher
+from models.qwen35_moe import Qwen35MoeForCausalLM
+from models.qwen35_moe import config as C
 
 
 def main():
+    initialize_from_env()  # before any device is touched: every process of the run joins first
     devices = jax.devices()
     model = Qwen35MoeForCausalLM(C.tiny(vocab_size=80, num_hidden_layers=4), rngs=nnx.Rngs(3))
     _, params = nnx.split(model)

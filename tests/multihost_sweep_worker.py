@@ -11,23 +11,16 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import sys
 
-os.environ["JAX_PLATFORMS"] = "cpu"
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
 
-from mercury_jax.parallel.distributed import initialize_from_env  # noqa: E402
-
-initialize_from_env()
-
-import jax  # noqa: E402
-
-from mercury_jax.sweep import run_sweep  # noqa: E402
+from mercury_jax.parallel.distributed import initialize_from_env
+from mercury_jax.sweep import run_sweep
 
 
 def main(workdir: str, out: str) -> None:
+    initialize_from_env()  # before any device is touched: every process of the run joins first
     log = io.StringIO()
     summary = run_sweep(workdir, out=out, recompute=True, stream=log)
     print(json.dumps({"process": jax.process_index(), "summary": summary, "log": log.getvalue()}), flush=True)

@@ -21,7 +21,7 @@ PROCESSES = 5
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory) -> tuple[Path, dict[int, dict]]:
     workdir = tmp_path_factory.mktemp("roles") / "checkpoints"
-    reports = run_reporting_script(WORKER, processes=PROCESSES, args=(str(workdir),))
+    reports = run_reporting_script(WORKER, devices=2, processes=PROCESSES, args=(str(workdir),))
     return workdir, reports
 
 

@@ -124,7 +124,7 @@ def test_role_items_written_by_several_processes_read_whole_and_by_row(tmp_path)
     """Role items as a pod saves them (tests/multihost_checkpoint_worker.py on 5 processes: each role's shards in
     the `ocdbt.process_N` stores of its hosts) read like Orbax's own restore reads them."""
     checkpoints = tmp_path / "checkpoints"
-    run_reporting_script(Path(__file__).with_name("multihost_checkpoint_worker.py"), processes=5,
+    run_reporting_script(Path(__file__).with_name("multihost_checkpoint_worker.py"), devices=2, processes=5,
                          args=(str(checkpoints),))
     for item in ("arrays_actor", "arrays_critic"):
         directory = epath.Path(checkpoints / "2" / item)

@@ -15,7 +15,7 @@ WORKER = Path(__file__).with_name("multihost_publish_worker.py")
 
 @pytest.mark.slow
 def test_publish_reaches_replicas_on_another_process():
-    results = run_reporting_script(WORKER, processes=2, timeout_s=240)
+    results = run_reporting_script(WORKER, devices=4, processes=2, timeout_s=240)
     assert set(results) == {0, 1}
     for report in results.values():
         assert report["processes"] == 2 and report["devices"] == 8 and report["local_devices"] == 4

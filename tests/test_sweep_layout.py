@@ -103,7 +103,7 @@ def test_bf16_replicas_give_the_same_outcomes_and_selection(sweeps, capsys):
 @pytest.mark.slow
 def test_sweep_on_two_processes_equals_one_process(runs, sweeps, tmp_path):
     out = tmp_path / "sweep"
-    reports = run_reporting_script(WORKER, processes=2, args=(str(runs["replicas_bf16"]), str(out)),
+    reports = run_reporting_script(WORKER, devices=4, processes=2, args=(str(runs["replicas_bf16"]), str(out)),
                                    timeout_s=600)
     assert set(reports) == {0, 1}
     one = sweeps["replicas_bf16"]
