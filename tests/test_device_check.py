@@ -3,6 +3,8 @@ same code an accelerator runs, small shapes; its parts (peaks by device kind, th
 reduced-depth model) checked by hand."""
 from __future__ import annotations
 
+import pytest
+
 from mercury_jax.bench import device_check
 from mercury_jax.bench.device_setup import KERNELS, check_model, chip_shapes
 from mercury_jax.bench.peaks import chip_peak
@@ -21,6 +23,7 @@ def table_rows(out: str) -> dict[str, list[str]]:
     return rows
 
 
+@pytest.mark.slow  # ~40 s of CPU
 def test_cpu_run_times_both_programs(capsys):
     status = device_check.run(SMALL)
     out = capsys.readouterr().out

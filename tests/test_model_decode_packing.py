@@ -54,6 +54,7 @@ def test_prefill_then_steps_equals_full_forward_with_ragged_prompts(model):
         np.testing.assert_allclose(cached, full[lengths[b] - 1:], atol=ATOL, rtol=0)
 
 
+@pytest.mark.slow  # ~26 s of CPU; the prefill-then-steps test above keeps the extend path in the fast tier
 def test_extend_in_uneven_pieces_equals_full_forward(model):
     """Multi-turn shape: prefill 30, extend by 17 (an observation), then 1-token steps."""
     seq = np.random.RandomState(1).randint(0, 80, size=(1, 52))

@@ -62,6 +62,7 @@ def test_unscanned_model_equals_scanned(references, tmp_path):
                                atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow  # ~33 s of CPU; tests/test_remat_policies.py keeps a policy's values in the fast tier
 def test_remat_policy_does_not_change_values_or_gradients(references, tmp_path):
     import jax
     import jax.numpy as jnp

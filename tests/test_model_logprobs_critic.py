@@ -70,6 +70,7 @@ def test_sequence_logprobs_align_with_the_token_they_score():
     assert np.all(np.asarray(logp[:, 0]) == 0)
 
 
+@pytest.mark.slow  # ~22 s of CPU
 def test_critic_starts_from_policy_with_zero_values_and_freezes_token_mixing():
     policy = Qwen35MoeForCausalLM(C.tiny(vocab_size=64), rngs=nnx.Rngs(0))
     critic = Qwen35MoeCritic.from_policy(policy)

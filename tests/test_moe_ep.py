@@ -233,6 +233,7 @@ def _tpu_devices():
         pytest.skip(f"libtpu not importable ({type(error).__name__}); run with PYTHONPATH=<dir with libtpu>")
 
 
+@pytest.mark.slow  # ~30 s of CPU (the CPU case; the TPU case skips without libtpu)
 @pytest.mark.parametrize("platform", ["cpu", "tpu"])
 def test_compiled_hlo_dispatches_by_all_to_all_without_global_collectives(platform, moe_impl="ep"):
     """A 2-layer model's forward + backward (embedding, GDN, attention, EP MoE, logits, aux loss) on 4 chips

@@ -125,6 +125,7 @@ def test_rollout_replica_config_must_split_the_group_and_the_slots():
     validate_config(config)
 
 
+@pytest.mark.slow  # ~30 s of CPU
 def test_sync_rollouts_sample_over_replicas_and_publish_into_each(model, tokenizer):  # noqa: F811
     """The trainers' `Rollouts` with `replica=`: a batch sampled over 2 replicas of the 4-device rollout group, a
     publish cast to bf16 and placed into both replicas (idle: swapped at once), the next batch on the new version."""

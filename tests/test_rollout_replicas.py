@@ -98,6 +98,7 @@ def test_replicas_match_the_single_device_engine(model, reference, layout):
         meshes[0].devices.flat)
 
 
+@pytest.mark.slow  # ~40 s of CPU
 def test_bf16_replica_weights_decode_like_a_bf16_engine(model):
     """`param_dtype`: the replica holds bf16 weights (cast before they move) and decodes what a single-device
     engine on the same bf16 weights does."""

@@ -76,11 +76,13 @@ def _check(mesh_shape, rows=4, **overrides):
     return hlo
 
 
-@pytest.mark.parametrize("chips", [2, 4])
+@pytest.mark.slow  # ~30-50 s of CPU each (the unsplit reference runs eager); the fast tier keeps the GDN split
+@pytest.mark.parametrize("chips", [2, 4])  # (test_gated_delta_split) and the split learner (test_row_split_learner)
 def test_split_rows_equal_unsplit_dense_attention_chunked_rule(chips):
     _check({"sequence": chips}, attention_impl="dense", gdn_impl="chunked")
 
 
+@pytest.mark.slow
 def test_split_rows_blockwise_attention_beside_fsdp_and_tensor():
     _check({"fsdp": 2, "sequence": 2, "tensor": 2}, attention_impl="blockwise", gdn_impl="chunked")
 

@@ -244,6 +244,7 @@ def _flat(pure: dict) -> dict:
             for path, v in jax.tree_util.tree_flatten_with_path(pure)[0]}
 
 
+@pytest.mark.slow  # the module's real GRPO run and its resume (grpo_run): ~70 s of CPU
 def test_reference_never_changes_while_the_actor_does(grpo_run):
     workdir = grpo_run["workdir"]
     start = _checkpoint(workdir, 0, "actor", "params")
@@ -273,6 +274,7 @@ def test_reference_never_changes_while_the_actor_does(grpo_run):
         assert reference_leaf.sharding.is_equivalent_to(actor_leaf.sharding, actor_leaf.ndim)
 
 
+@pytest.mark.slow
 def test_steps_log_finite_metrics_publish_weights_and_checkpoint_every_step(grpo_run):
     workdir, history = grpo_run["workdir"], grpo_run["history"]
     assert [r["step"] for r in history] == list(range(1, STEPS + 1))
@@ -294,6 +296,7 @@ def test_steps_log_finite_metrics_publish_weights_and_checkpoint_every_step(grpo
         assert _checkpoint(workdir, step, "actor", "frozen") is not None
 
 
+@pytest.mark.slow
 def test_resumed_run_continues_from_the_checkpoint(grpo_run):
     first, history = grpo_run["first_history"], grpo_run["history"]
     assert [r["step"] for r in first] == list(range(1, KILLED_AT + 1))
