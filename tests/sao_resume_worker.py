@@ -1,9 +1,9 @@
 """A tiny sync SAO run (6 train tasks, 2 a step: an epoch every 3 steps), importable and as the child process that
-tests/test_data_resume.py SIGKILLs: `python tests/sao_resume_worker.py WORKDIR STEPS` (JAX's compilation cache from
-MERCURY_TEST_XLA_CACHE, so the parent's later runs reuse the child's compiles)."""
+tests/test_data_resume.py SIGKILLs: `python tests/sao_resume_worker.py WORKDIR STEPS` (under pytest JAX's
+compilation cache is the session's, JAX_COMPILATION_CACHE_DIR from tests/conftest.py, so the parent's later runs
+reuse the child's compiles)."""
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -35,8 +35,4 @@ def run_tiny(workdir, steps: int):
 
 if __name__ == "__main__":
     jax.config.update("jax_default_matmul_precision", "highest")  # as tests/conftest.py sets it for the parent
-    if os.environ.get("MERCURY_TEST_XLA_CACHE"):
-        jax.config.update("jax_compilation_cache_dir", os.environ["MERCURY_TEST_XLA_CACHE"])
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     run_tiny(sys.argv[1], int(sys.argv[2]))

@@ -14,6 +14,8 @@ from local_processes import run_reporting_script
 from mercury_jax.runs.checkpoint_faults import unreadable_reason
 from mercury_jax.runs.run_reader import checkpoint_steps, read_checkpoint_arrays
 
+pytestmark = pytest.mark.timeout(1800)  # several processes of tiny runs on a loaded 2-core host (pyproject: 900)
+
 WORKER = Path(__file__).with_name("multihost_checkpoint_worker.py")
 PROCESSES = 5
 

@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import jax
 import pytest
 
 from mercury_jax.data.synthetic import write_corpus
@@ -20,6 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 
 from sao_resume_worker import run_tiny  # noqa: E402
+
+pytestmark = pytest.mark.timeout(1800)  # several processes of tiny runs on a loaded 2-core host (pyproject: 900)
 
 RECORDS = 30  # the SFT corpus: an epoch is a few steps of 4 rows
 
@@ -32,33 +33,28 @@ def _steps(checkpoints: Path) -> list[int]:
     return sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()) if checkpoints.is_dir() else []
 
 
-def _kill_after_checkpoint(command: list[str], checkpoints: Path, *, at_least: int, env: dict) -> int:
-    """Run `command` in its own process group until step `at_least` or later is committed, then SIGKILL the whole
-    group (the trainer and its grain workers, as a lost machine); returns the newest committed step."""
-    child = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             env=env, start_new_session=True)
+def _kill_after_checkpoint(children, command: list[str], checkpoints: Path, *, at_least: int, env: dict) -> int:
+    """Run `command` in its own process group (owned by `children`: tests/child_processes.py) until step `at_least`
+    or later is committed, then SIGKILL the whole group (the trainer and its grain workers, as a lost machine);
+    returns the newest committed step."""
+    child = children.start(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     deadline = time.monotonic() + 600
-    try:
-        while not [s for s in _steps(checkpoints) if s >= at_least]:
-            assert child.poll() is None, child.stdout.read()[-3000:]
-            assert time.monotonic() < deadline, f"the child committed no step >= {at_least} in 600 s"
-            time.sleep(0.1)
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait(timeout=60)
-    finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
+    while not [s for s in _steps(checkpoints) if s >= at_least]:
+        assert child.poll() is None, child.stdout.read()[-3000:]
+        assert time.monotonic() < deadline, f"the child committed no step >= {at_least} in 600 s"
+        time.sleep(0.1)
+    os.killpg(child.pid, signal.SIGKILL)
+    child.wait(timeout=60)
     assert child.returncode == -signal.SIGKILL
     return _steps(checkpoints)[-1]
 
 
 def _env() -> dict:
-    return {**os.environ, "JAX_PLATFORMS": "cpu",
-            "MERCURY_TEST_XLA_CACHE": jax.config.values["jax_compilation_cache_dir"] or ""}
+    return {**os.environ, "JAX_PLATFORMS": "cpu"}  # the session's compilation cache too (tests/conftest.py)
 
 
 @pytest.mark.slow
-def test_a_sigkilled_sft_run_on_a_user_corpus_resumes_with_the_same_rows(tmp_path):
+def test_a_sigkilled_sft_run_on_a_user_corpus_resumes_with_the_same_rows(tmp_path, children):
     corpus = tmp_path / "chats.jsonl"
     write_corpus(corpus, RECORDS, words=40)
 
@@ -70,7 +66,8 @@ def test_a_sigkilled_sft_run_on_a_user_corpus_resumes_with_the_same_rows(tmp_pat
                 "--config.sft.log_every=1", f"--config.sft.steps={steps}"]
 
     killed, fresh = tmp_path / "killed", tmp_path / "fresh"
-    last = _kill_after_checkpoint(command(killed, 1000), killed / "sft" / "checkpoints", at_least=2, env=_env())
+    last = _kill_after_checkpoint(children, command(killed, 1000), killed / "sft" / "checkpoints", at_least=2,
+                                  env=_env())
     total = last + 6
     outputs = []
     for workdir in (killed, fresh):
@@ -89,10 +86,10 @@ def test_a_sigkilled_sft_run_on_a_user_corpus_resumes_with_the_same_rows(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_sigkilled_sao_run_resumes_with_the_same_tasks(tmp_path, persistent_compilation_cache):
+def test_a_sigkilled_sao_run_resumes_with_the_same_tasks(tmp_path, persistent_compilation_cache, children):
     killed = tmp_path / "killed"
     worker = [sys.executable, str(Path(__file__).parent / "sao_resume_worker.py"), str(killed), "1000"]
-    last = _kill_after_checkpoint(worker, killed / "sao" / "checkpoints", at_least=1, env=_env())
+    last = _kill_after_checkpoint(children, worker, killed / "sao" / "checkpoints", at_least=1, env=_env())
     total = max(last + 3, 6)  # 6 tasks, 2 a step: an epoch every 3 steps; the resumed part crosses an epoch boundary
     run_tiny(killed, total)
     run_tiny(tmp_path / "fresh", total)

@@ -33,6 +33,8 @@ from models.qwen35_moe import Qwen35MoeForCausalLM
 from models.qwen35_moe import config as C
 from models.qwen35_moe.hf import write_hf
 
+pytestmark = pytest.mark.timeout(1800)  # several processes of tiny runs on a loaded 2-core host (pyproject: 900)
+
 CFG = C.tiny(vocab_size=96, num_hidden_layers=5, full_attention_interval=2)
 SHARD = 40_000  # bytes: several shards and an index
 

@@ -193,7 +193,7 @@ def _ask(worker: subprocess.Popen, command: str | None, timeout: float = 60.0) -
     return answer.decode().strip()
 
 
-def test_twenty_sigkills_while_overwriting_leave_old_or_new_weights(models, weight_sets, tmp_path):
+def test_twenty_sigkills_while_overwriting_leave_old_or_new_weights(models, weight_sets, tmp_path, children):
     target = tmp_path / "exports" / "model"
     start = time.perf_counter()
     save_hf(models[0], target, **SAVE_KWARGS)
@@ -201,34 +201,29 @@ def test_twenty_sigkills_while_overwriting_leave_old_or_new_weights(models, weig
     for label, weights in zip("ab", weight_sets):
         np.savez(tmp_path / f"{label}.npz", **weights)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), os.environ.get("PYTHONPATH", "")])}
-    worker = subprocess.Popen([sys.executable, str(TESTS / "hf_save_worker.py"), str(tmp_path / "a.npz"),
-                               str(tmp_path / "b.npz"), str(target)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, env=env, cwd=TESTS.parent, bufsize=0)
+    # its own process group: `children` (tests/conftest.py) kills it with the saver it forked, however the test ends
+    worker = children.start([sys.executable, str(TESTS / "hf_save_worker.py"), str(tmp_path / "a.npz"),
+                             str(tmp_path / "b.npz"), str(target)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env=env, cwd=TESTS.parent, bufsize=0)
     rng = random.Random(21)
-    on_disk, outcomes, killed_mid_write, pid = "A", [], 0, None
+    on_disk, outcomes, killed_mid_write = "A", [], 0
     # Kill times are drawn from a window of 4 first-save durations. A loaded host can slow the child's saves past
     # that, so a kill that found no completed save widens the window (x1.5, up to 40 saves) and a completed one
     # resets it: the kills keep landing both mid-write and after a save.
     window = 4 * save_seconds
-    try:
-        assert _ask(worker, None, timeout=180) == "ready"
-        for _ in range(20):
-            # The child starts with the set not on disk, so every save it completes flips what load_hf returns.
-            pid = int(_ask(worker, f"fork {0 if on_disk == 'B' else 1}"))
-            time.sleep(rng.uniform(0.0, window))
-            os.kill(pid, signal.SIGKILL)
-            status = int(_ask(worker, f"reap {pid}"))
-            pid = None
-            assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"saver died early: {status}"
-            killed_mid_write += atomic_dir.staging_dir(target).exists()
-            before, on_disk = on_disk, _which(target, weight_sets)
-            outcomes.append(on_disk)
-            window = 4 * save_seconds if on_disk != before else min(1.5 * window, 40 * save_seconds)
-    finally:
-        if pid is not None:
-            os.kill(pid, signal.SIGKILL)
-        worker.kill()
-        worker.wait()
+    assert _ask(worker, None, timeout=180) == "ready"
+    for _ in range(20):
+        # The child starts with the set not on disk, so every save it completes flips what load_hf returns.
+        pid = int(_ask(worker, f"fork {0 if on_disk == 'B' else 1}"))
+        time.sleep(rng.uniform(0.0, window))
+        os.kill(pid, signal.SIGKILL)
+        status = int(_ask(worker, f"reap {pid}"))
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"saver died early: {status}"
+        killed_mid_write += atomic_dir.staging_dir(target).exists()
+        before, on_disk = on_disk, _which(target, weight_sets)
+        outcomes.append(on_disk)
+        window = 4 * save_seconds if on_disk != before else min(1.5 * window, 40 * save_seconds)
+    children.kill()
     # The kills must have landed at varied points: some mid-write, and some after a completed save.
     assert killed_mid_write >= 3, (killed_mid_write, outcomes)
     assert len(set(outcomes)) == 2, outcomes

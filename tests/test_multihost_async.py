@@ -11,6 +11,8 @@ import pytest
 
 from tests.test_multihost_train import _committed, _kill, _launch, _records, _wait
 
+pytestmark = pytest.mark.timeout(1800)  # several processes of tiny runs on a loaded 2-core host (pyproject: 900)
+
 # name: (processes, devices a process, overrides, preempted first); the released layout on 2 and 3 hosts (rollout,
 # actor, critic a host each on 3), and every group on every host. One layout shows the preemption (suite time).
 ASYNC_LAYOUTS = {
@@ -31,7 +33,7 @@ EVERY_LAYOUT = os.environ.get("MERCURY_MULTIHOST_ALL") == "1"
 @pytest.mark.parametrize("layout", [pytest.param(name, marks=pytest.mark.skipif(
     name != "consecutive-2" and not EVERY_LAYOUT, reason="suite time: MERCURY_MULTIHOST_ALL=1 runs this layout too"))
     for name in ASYNC_LAYOUTS])
-def test_async_sao_preempted_killed_and_resumed_settles_every_episode_once(tmp_path, layout):
+def test_async_sao_preempted_killed_and_resumed_settles_every_episode_once(tmp_path, layout, children):
     """Async SAO across hosts: (the released layout on 2 hosts) a SIGTERM to one process (every process saves the same
     step, exit 143) and a resume; a SIGKILL of every process once a later checkpoint is committed; a resume to the
     end. Across the whole run every trained episode id is unique, every episode handed out is trained on or counted
@@ -44,7 +46,8 @@ def test_async_sao_preempted_killed_and_resumed_settles_every_episode_once(tmp_p
     logs = tmp_path / "logs"
     logs.mkdir()
     run = tmp_path / layout
-    launch = lambda: _launch("sao", run, logs, processes, devices=devices, overrides=overrides)  # noqa: E731
+    launch = lambda: _launch(children, "sao", run, logs, processes, devices=devices,  # noqa: E731
+                             overrides=overrides)
     metrics = run / "sao" / "sao_metrics.jsonl"
 
     preempted = 0

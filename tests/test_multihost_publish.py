@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from local_processes import run_reporting_script
 
+pytestmark = pytest.mark.timeout(1800)  # several processes of tiny runs on a loaded 2-core host (pyproject: 900)
+
 WORKER = Path(__file__).with_name("multihost_publish_worker.py")
 
 

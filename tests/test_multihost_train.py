@@ -4,7 +4,7 @@ Each test runs `python -m mercury_jax.main --config tests/multihost_config.py:PI
 process of 8 CPU devices straight through (the reference), then 2 processes (loopback coordinator, gloo
 collectives; tests/local_processes.py). The released layout's test preempts the 2 processes and resumes
 them (the resume restores both pipelines' checkpoints through the same `loop.py`, so one pipeline carries it). The
-phases of a test share a persistent compilation cache (a resume compiles the programs the preempted run did).
+runs share the session's persistent compilation cache (a resume compiles the programs the preempted run did).
 In the `per_process` tests every device group spans both processes (`device_layout = "per_process"`): each process
 drives its own rollout replicas, trajectories reach both through the host all-gather, learner batches are placed
 from every host, the weights are published by collectives and the checkpoints are written by both. The metrics
@@ -27,6 +27,9 @@ from pathlib import Path
 
 import local_processes
 import pytest
+from child_processes import ChildProcesses
+
+pytestmark = pytest.mark.timeout(1800)  # several processes of tiny runs on a loaded 2-core host (pyproject: 900)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "tests/multihost_config.py"
@@ -34,13 +37,14 @@ PHASE_TIMEOUT_S = 900
 DEVICES_PER_PROCESS = 8  # the reference's count in every process (see above)
 
 
-def _launch(pipeline: str, workdir: Path, logs: Path, processes: int, *, devices: int = DEVICES_PER_PROCESS,
-            overrides: tuple[str, ...] = ()) -> list[subprocess.Popen]:
-    """`processes` processes of the pipeline (tests/local_processes.py), sharing the test's persistent
-    compilation cache (a resume compiles the programs the killed run did)."""
-    return local_processes.launch(["--config", f"{CONFIG}:{pipeline}", "--workdir", str(workdir), *overrides],
-                                  logs=logs, processes=processes, devices=devices, name=workdir.name,
-                                  compilation_cache=logs.parent / "xla_cache")
+def _launch(children: ChildProcesses, pipeline: str, workdir: Path, logs: Path, processes: int, *,
+            devices: int = DEVICES_PER_PROCESS, overrides: tuple[str, ...] = ()) -> list[subprocess.Popen]:
+    """`processes` processes of the pipeline (tests/local_processes.py), owned by `children` (killed when the test
+    ends), sharing the session's persistent compilation cache (JAX_COMPILATION_CACHE_DIR: tests/conftest.py; a resume
+    compiles the programs the killed run did, and every test's runs compile the same tiny model's programs)."""
+    return children.own(local_processes.launch(["--config", f"{CONFIG}:{pipeline}", "--workdir", str(workdir),
+                                                *overrides], logs=logs, processes=processes, devices=devices,
+                                               name=workdir.name))
 
 
 _kill = local_processes.kill
@@ -73,19 +77,21 @@ def sao_reference(tmp_path_factory) -> Path:
     same devices in either)."""
     logs = tmp_path_factory.mktemp("sao-reference")
     reference = logs / "one-process"
-    assert _wait(_launch("sao", reference, logs, 1), logs)
+    with ChildProcesses() as children:
+        assert _wait(_launch(children, "sao", reference, logs, 1), logs)
     return reference
 
 
-def _run(pipeline: str, tmp_path: Path, *, reference: Path | None = None) -> tuple[Path, Path, Path]:
+def _run(children: ChildProcesses, pipeline: str, tmp_path: Path, *,
+         reference: Path | None = None) -> tuple[Path, Path, Path]:
     """The reference (unless given), then the 2-process run; returns (reference workdir, 2-process workdir, logs)."""
     logs = tmp_path / "logs"
     logs.mkdir()
     multi = tmp_path / "two-processes"
     if reference is None:
         reference = tmp_path / "one-process"
-        assert _wait(_launch(pipeline, reference, logs, 1), logs)
-    assert _wait(_launch(pipeline, multi, logs, 2), logs)
+        assert _wait(_launch(children, pipeline, reference, logs, 1), logs)
+    assert _wait(_launch(children, pipeline, multi, logs, 2), logs)
     return reference, multi, logs
 
 
@@ -106,10 +112,10 @@ def _assert_same_run(reference: Path, multi: Path, stage: str, logs: Path, start
 
 
 @pytest.mark.slow
-def test_sao_on_two_processes_equals_one_process(tmp_path, sao_reference):
+def test_sao_on_two_processes_equals_one_process(tmp_path, sao_reference, children):
     """Every group on both processes. Straight through (suite time): the consecutive-layout test below resumes a
     preempted 2-process run, and tests/test_multihost_async.py kills and resumes one."""
-    reference, multi, logs = _run("sao", tmp_path, reference=sao_reference)
+    reference, multi, logs = _run(children, "sao", tmp_path, reference=sao_reference)
     _assert_same_run(reference, multi, "sao", logs, starts=1)
     _assert_same_run(reference, multi, "sft", logs, starts=1)  # the warm start: non-zero gradients over both processes
     evals_one, evals_two = _records(reference / "sao" / "evals.jsonl"), _records(multi / "sao" / "evals.jsonl")
@@ -119,11 +125,11 @@ def test_sao_on_two_processes_equals_one_process(tmp_path, sao_reference):
 
 
 @pytest.mark.slow
-def test_sft_on_two_processes_reads_disjoint_shards_and_trains_on_the_same_batches(tmp_path):
+def test_sft_on_two_processes_reads_disjoint_shards_and_trains_on_the_same_batches(tmp_path, children):
     """2 processes x 4 devices: each reads only the data shards of the row blocks its devices hold (disjoint, their
     union every shard), places them itself, and the batches (record ids of every row) equal the 1-process run's.
     The learner mesh has 8 devices, so the losses agree to XLA:CPU's cross-process rounding (module docstring)."""
-    reference, multi, logs = _run("sft", tmp_path)
+    reference, multi, logs = _run(children, "sft", tmp_path)
     read = [re.search(r"\[sft\] data: process (\d) reads shards \[([\d, ]*)\] of (\d+)",
                       (logs / f"two-processes-p{r}.log").read_text()) for r in range(2)]
     assert all(read), local_processes.tails(logs)
@@ -141,15 +147,15 @@ def test_sft_on_two_processes_reads_disjoint_shards_and_trains_on_the_same_batch
 
 
 @pytest.mark.slow
-def test_grpo_on_two_processes_equals_one_process(tmp_path):
-    reference, multi, logs = _run("grpo", tmp_path)
+def test_grpo_on_two_processes_equals_one_process(tmp_path, children):
+    reference, multi, logs = _run(children, "grpo", tmp_path)
     _assert_same_run(reference, multi, "grpo", logs, starts=1)
     samples_one = _records(reference / "grpo" / "samples.jsonl")
     assert _records(multi / "grpo" / "samples.jsonl") == samples_one  # written once, the same sampled texts
 
 
 @pytest.mark.slow
-def test_sao_consecutive_layout_preempted_on_one_process_equals_one_process(tmp_path, sao_reference):
+def test_sao_consecutive_layout_preempted_on_one_process_equals_one_process(tmp_path, sao_reference, children):
     """The released layout: whole hosts per role (rollout on process 0, actor and critic on process 1, 4 devices a
     process), so each process holds none of some group's devices. A SIGTERM to process 1 alone, mid-run: both
     processes checkpoint the same step (JAX's preemption sync point) and exit 143; the rerun resumes there and ends
@@ -162,7 +168,7 @@ def test_sao_consecutive_layout_preempted_on_one_process_equals_one_process(tmp_
     logs.mkdir()
     multi = tmp_path / "consecutive"
     layout = ("--config.device_layout=consecutive",)
-    procs = _launch("sao", multi, logs, 2, devices=4, overrides=layout)
+    procs = _launch(children, "sao", multi, logs, 2, devices=4, overrides=layout)
     metrics = multi / "sao" / "sao_metrics.jsonl"
     assert not _wait(procs, logs, until=lambda: metrics.exists() and len(_records(metrics)) >= 2)
     procs[1].send_signal(signal.SIGTERM)
@@ -172,7 +178,7 @@ def test_sao_consecutive_layout_preempted_on_one_process_equals_one_process(tmp_
     assert all(saved) and saved[0].group(1) == saved[1].group(1), local_processes.tails(logs)
     step = int(saved[0].group(1))
     assert 2 <= step < 5 and (multi / "sao" / "checkpoints" / str(step)).is_dir()
-    assert _wait(_launch("sao", multi, logs, 2, devices=4, overrides=layout), logs)
+    assert _wait(_launch(children, "sao", multi, logs, 2, devices=4, overrides=layout), logs)
     assert f"resumed from step {step}" in (logs / "consecutive-p0.log").read_text()
     _assert_same_run(sao_reference, multi, "sao", logs, rounding=("logp_train_rollout_gap", "mean_ratio"))
     _assert_same_run(sao_reference, multi, "sft", logs, rounding=("grad_norm",))

@@ -14,6 +14,8 @@ import pytest
 from mercury_jax.parallel import peer_watch
 from mercury_jax.parallel.peer_watch import PEER_LOST_EXIT, PeerWatch
 
+pytestmark = pytest.mark.timeout(1800)  # several processes of tiny runs on a loaded 2-core host (pyproject: 900)
+
 WORKER = Path(__file__).with_name("peer_watch_worker.py")
 
 
@@ -138,10 +140,11 @@ def test_a_bad_timeout_is_one_line():
         peer_watch.timeout_from_argv(["main.py", "--peer_timeout_s=0"], {})
 
 
-def run_two(tmp_path, victim: int, timeout_s: float = 4.0, how: str = "kill"):
-    """Two worker processes on a workdir with a committed step 3 (and a step 6 in flight); `victim` SIGKILLs itself
-    3 s into its run (or raises, `how` = "raise"). Returns the workdir, the victim's and the survivor's return codes,
-    the survivor's stderr, and the seconds it took after the first process left."""
+def run_two(children, tmp_path, victim: int, timeout_s: float = 4.0, how: str = "kill"):
+    """Two worker processes (owned by `children`: tests/child_processes.py) on a workdir with a committed step 3 (and
+    a step 6 in flight); `victim` SIGKILLs itself 3 s into its run (or raises, `how` = "raise"). Returns the workdir,
+    the victim's and the survivor's return codes, the survivor's stderr, and the seconds it took after the first
+    process left."""
     from local_processes import free_port
 
     workdir = tmp_path / "run"
@@ -151,26 +154,22 @@ def run_two(tmp_path, victim: int, timeout_s: float = 4.0, how: str = "kill"):
     for i in range(2):
         env = {**os.environ, "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": "2",
                "JAX_PROCESS_ID": str(i), "JAX_PLATFORMS": "cpu"}
-        procs.append(subprocess.Popen([sys.executable, str(WORKER), str(workdir), str(victim), "3", str(timeout_s),
-                                       how], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      cwd=Path(__file__).parents[1]))
+        procs.append(children.start([sys.executable, str(WORKER), str(workdir), str(victim), "3", str(timeout_s),
+                                     how], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    cwd=Path(__file__).parents[1]))
     survivor = procs[1 - victim]
-    try:
-        first = procs[1] if how == "raise" else procs[victim]  # a failing process 0 leaves after the other
-        first.wait(timeout=120)
-        killed_at = time.time()
-        _, err = survivor.communicate(timeout=120)
-        took = time.time() - killed_at
-        procs[victim].wait(timeout=60)
-    finally:
-        for proc in procs:
-            proc.kill()
+    first = procs[1] if how == "raise" else procs[victim]  # a failing process 0 leaves after the other
+    first.wait(timeout=120)
+    killed_at = time.time()
+    _, err = survivor.communicate(timeout=120)
+    took = time.time() - killed_at
+    procs[victim].wait(timeout=60)
     return workdir, procs[victim].returncode, survivor.returncode, err, took
 
 
 @pytest.mark.slow
-def test_a_killed_worker_process_stops_the_other_within_the_bound_with_the_message(tmp_path):
-    workdir, victim_rc, rc, err, took = run_two(tmp_path, victim=1)
+def test_a_killed_worker_process_stops_the_other_within_the_bound_with_the_message(tmp_path, children):
+    workdir, victim_rc, rc, err, took = run_two(children, tmp_path, victim=1)
     assert victim_rc == -9
     assert rc == PEER_LOST_EXIT, err[-3000:]
     assert took < 4.0 + 10.0  # the bound, plus a beat and the judge's poll
@@ -183,10 +182,10 @@ def test_a_killed_worker_process_stops_the_other_within_the_bound_with_the_messa
 
 
 @pytest.mark.slow
-def test_a_killed_coordinator_process_stops_the_other_at_once(tmp_path):
+def test_a_killed_coordinator_process_stops_the_other_at_once(tmp_path, children):
     """Process 0 hosts JAX's coordination service: JAX aborts the survivor at once in its own words (the watch cannot
     speak first); the resume command was printed at start-up."""
-    workdir, victim_rc, rc, err, took = run_two(tmp_path, victim=0)
+    workdir, victim_rc, rc, err, took = run_two(children, tmp_path, victim=0)
     assert victim_rc == -9
     assert rc != 0 and took < 4.0 + 10.0, err[-3000:]
     assert f"resume on every host with: python -m mercury_jax.main --config experiments/sao.py:tiny " \
@@ -195,11 +194,11 @@ def test_a_killed_coordinator_process_stops_the_other_at_once(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("victim", [1, 0])
-def test_an_error_on_one_process_stops_both_at_once(tmp_path, victim):
+def test_an_error_on_one_process_stops_both_at_once(tmp_path, victim, children):
     """One process raises while the other waits in a collective: the other leaves through its watch (75, naming the
     failed process and its error) at once, not after the timeout; the failed one exits 1, skipping JAX's shutdown
     barrier (which would wait ~100 s for the process that left). Process 0 leaves last."""
-    workdir, victim_rc, rc, err, took = run_two(tmp_path, victim=victim, how="raise", timeout_s=30.0)
+    workdir, victim_rc, rc, err, took = run_two(children, tmp_path, victim=victim, how="raise", timeout_s=30.0)
     assert rc == PEER_LOST_EXIT and took < 10.0, err[-3000:]
     assert f"process {victim} stopped (failed: ValueError: a bad batch on this process only)" in err
     assert victim_rc == 1

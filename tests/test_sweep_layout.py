@@ -28,6 +28,8 @@ from mercury_jax.runs.run_reader import RunReader, read_checkpoint_arrays
 from mercury_jax.sweep import run_sweep
 from mercury_jax.train.checkpoint_engine import CheckpointEngine
 
+pytestmark = pytest.mark.timeout(1800)  # several processes of tiny runs on a loaded 2-core host (pyproject: 900)
+
 WORKER = Path(__file__).with_name("multihost_sweep_worker.py")
 
 

@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
 from group_baseline_worker import run_tiny, tiny_group_config
@@ -22,7 +21,8 @@ from mercury_jax.rollout.trajectory import Trajectory
 from mercury_jax.runs.rundir import checkpoint_steps
 from mercury_jax.train.group_baseline import GroupBaseline
 
-pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")  # tests/conftest.py
+pytestmark = [pytest.mark.usefixtures("persistent_compilation_cache"),  # each program compiles once
+              pytest.mark.timeout(1800)]  # several processes of tiny runs on a loaded 2-core host
 
 WORKER = Path(__file__).with_name("group_baseline_worker.py")
 # wall-clock figures, and the slot occupancy (which decode chunk a continuation joins depends on tool-call timing)
@@ -75,26 +75,21 @@ def test_config_checks_name_the_field_and_the_fix():
 
 
 @pytest.mark.slow
-def test_a_sigkilled_run_resumes_from_its_checkpoint_as_if_never_killed(tmp_path):
+def test_a_sigkilled_run_resumes_from_its_checkpoint_as_if_never_killed(tmp_path, children):
     """The child runs the tiny pipeline (2 tasks x 4 episodes a step, a checkpoint every step) until the parent
     sees a committed checkpoint and SIGKILLs it; the run resumed from that checkpoint logs the same later steps
     (rewards, losses, lengths, advantages: every non-timing metric) as an uninterrupted run, exactly."""
     workdir, checkpoints = tmp_path / "killed", tmp_path / "killed" / "group_baseline" / "checkpoints"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "MERCURY_TEST_XLA_CACHE": jax.config.values[
-        "jax_compilation_cache_dir"] or ""}
-    child = subprocess.Popen([sys.executable, str(WORKER), str(workdir), "1000"], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, env=env)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}  # the session's compilation cache too (tests/conftest.py)
+    child = children.start([sys.executable, str(WORKER), str(workdir), "1000"], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, env=env)
     deadline = time.monotonic() + 600
-    try:
-        while not checkpoint_steps(checkpoints):
-            assert child.poll() is None, child.stdout.read()[-3000:]
-            assert time.monotonic() < deadline, "the child committed no checkpoint in 600 s"
-            time.sleep(0.2)
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=60)
-    finally:
-        if child.poll() is None:
-            child.kill()
+    while not checkpoint_steps(checkpoints):
+        assert child.poll() is None, child.stdout.read()[-3000:]
+        assert time.monotonic() < deadline, "the child committed no checkpoint in 600 s"
+        time.sleep(0.2)
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=60)
     assert child.returncode == -signal.SIGKILL
     last = checkpoint_steps(checkpoints)[-1]
     total = last + 2

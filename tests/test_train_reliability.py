@@ -24,30 +24,29 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from scripted_engine import ScriptedEngine
+
+from experiments import common
+from experiments.sft import sft_config
+from experiments.sft import tiny_sft as tiny_sft_section
+from mercury_jax.config.model import build_model
+from mercury_jax.config.world import world_tasks
+from mercury_jax.data.corpus import InMemoryCorpus
+from mercury_jax.runs import preemption
+from mercury_jax.runs.checkpoints import Checkpointer
+from mercury_jax.runs.resume import ResumeError, check_run_config, read_jsonl, truncate_jsonl
+from mercury_jax.runs.run_reader import read_checkpoint_arrays, save_run_config
+from mercury_jax.runs.rundir import StageDir, as_path
+from mercury_jax.train.guards import NonFiniteError, NonFiniteGuard
+from mercury_jax.train.metrics import MetricsLogger
+from mercury_jax.train.rollouts import Seams
+from mercury_jax.train.sft import Sft
+from mercury_jax.train.sft import run_sft as sft_run
+from mercury_jax.train.state import TrainState, make_update_step
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")  # tests/conftest.py: each program compiles once
-sys.path.insert(0, str(REPO))  # run as a script (the SIGTERM test's child process)
-
-from scripted_engine import ScriptedEngine  # noqa: E402
-
-from experiments import common  # noqa: E402
-from experiments.sft import sft_config  # noqa: E402
-from experiments.sft import tiny_sft as tiny_sft_section  # noqa: E402
-from mercury_jax.config.model import build_model  # noqa: E402
-from mercury_jax.data.corpus import InMemoryCorpus  # noqa: E402
-from mercury_jax.runs import preemption  # noqa: E402
-from mercury_jax.runs.checkpoints import Checkpointer  # noqa: E402
-from mercury_jax.runs.resume import ResumeError, check_run_config, read_jsonl, truncate_jsonl  # noqa: E402
-from mercury_jax.runs.run_reader import read_checkpoint_arrays, save_run_config  # noqa: E402
-from mercury_jax.runs.rundir import StageDir, as_path  # noqa: E402
-from mercury_jax.train import setup  # noqa: E402
-from mercury_jax.train.guards import NonFiniteError, NonFiniteGuard  # noqa: E402
-from mercury_jax.train.metrics import MetricsLogger  # noqa: E402
-from mercury_jax.train.rollouts import Seams  # noqa: E402
-from mercury_jax.train.sft import Sft  # noqa: E402
-from mercury_jax.train.sft import run_sft as sft_run  # noqa: E402
-from mercury_jax.train.state import TrainState, make_update_step  # noqa: E402
+pytestmark = [pytest.mark.usefixtures("persistent_compilation_cache"),  # each program compiles once
+              pytest.mark.timeout(1800)]  # several processes of tiny runs on a loaded 2-core host
 
 
 # ------------------------------------------------------------------------------------------------ the update step
@@ -204,7 +203,7 @@ def run_sao(config, workdir: Path, *, nan_reward_at_step: int | None = None, kil
 
     checkpoints = Path(workdir) / "sao" / "checkpoints"
     start = max((int(p.name) for p in checkpoints.glob("[0-9]*")), default=0) if checkpoints.exists() else 0
-    train_ids = {t["task_id"] for t in setup.world_tasks(config.world, "train")}
+    train_ids = {t["task_id"] for t in world_tasks(config.world, "train")}
     train_rewards = []
 
     def reward(task, trajectory, grade):  # training batches hold batch_prompts train tasks, one batch a step
@@ -300,22 +299,18 @@ def _sft_child(workdir: str) -> None:
 
 
 @pytest.mark.slow
-def test_sigterm_checkpoints_the_current_step_and_the_rerun_resumes_from_it(tmp_path):
-    child = subprocess.Popen([sys.executable, __file__, "sft-child", str(tmp_path / "run")], cwd=REPO,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             env={**os.environ, "JAX_PLATFORMS": "cpu"})
+def test_sigterm_checkpoints_the_current_step_and_the_rerun_resumes_from_it(tmp_path, children):
+    child = children.start([sys.executable, __file__, "sft-child", str(tmp_path / "run")], cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)})
     metrics = tmp_path / "run" / "sft_metrics.jsonl"
     deadline = time.monotonic() + 240
-    try:
-        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
-            assert child.poll() is None, child.stdout.read()[-3000:]
-            assert time.monotonic() < deadline, "the child logged no 2 steps in 240 s"
-            time.sleep(0.2)
-        child.send_signal(signal.SIGTERM)
-        output, _ = child.communicate(timeout=120)
-    finally:
-        if child.poll() is None:
-            child.kill()
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+        assert child.poll() is None, child.stdout.read()[-3000:]
+        assert time.monotonic() < deadline, "the child logged no 2 steps in 240 s"
+        time.sleep(0.2)
+    child.send_signal(signal.SIGTERM)
+    output, _ = child.communicate(timeout=120)
     assert child.returncode == 128 + signal.SIGTERM, output[-3000:]
     saved = _steps(tmp_path / "run" / "checkpoints")
     logged = [r["step"] for r in read_jsonl(metrics)]
@@ -403,7 +398,7 @@ def test_main_refuses_a_mismatched_resume_before_any_work(tmp_path):
     before = (tmp_path / "config.json").read_text()
     result = subprocess.run([sys.executable, "-m", "mercury_jax.main", "--config", "experiments/sft.py:tiny",
                              "--workdir", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "JAX_PLATFORMS": "cpu"})
+                            env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)})
     assert result.returncode != 0
     assert "seed: 5 in the workdir's run, 0 now" in result.stderr, result.stderr[-3000:]
     assert (tmp_path / "config.json").read_text() == before and sorted(p.name for p in tmp_path.iterdir()) == [

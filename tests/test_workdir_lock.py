@@ -144,51 +144,44 @@ RACER = textwrap.dedent(f"""
 """)
 
 
-def test_of_runs_racing_for_one_workdir_exactly_one_wins(tmp_path):
+def test_of_runs_racing_for_one_workdir_exactly_one_wins(tmp_path, children):
     """Four processes, each up and waiting ("ready"), are let go together ("go") and race for the lock; the winner
     holds it until every racer has answered. The outcome does not depend on timing: while the winner holds the lock,
     O_EXCL refuses every other create and a fresh lock (even one not yet written) is not stale. (The old test started
     the racers at a wall-clock time and let the winner go after 1 s; a racer whose imports the load slowed by more
     than that came after the release and won too.)"""
-    racers = [subprocess.Popen([sys.executable, "-c", RACER, str(tmp_path)], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, text=True) for _ in range(4)]
-    try:
-        assert [racer.stdout.readline().strip() for racer in racers] == ["ready"] * 4
-        for racer in racers:
-            racer.stdin.write("go\n")
-            racer.stdin.flush()
-        outcomes = [racer.stdout.readline().strip() for racer in racers]
-        for racer in racers:
-            racer.stdin.close()
-        assert [racer.wait(timeout=60) for racer in racers] == [0] * 4
-    finally:
-        for racer in racers:
-            racer.kill()
+    racers = [children.start([sys.executable, "-c", RACER, str(tmp_path)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    assert [racer.stdout.readline().strip() for racer in racers] == ["ready"] * 4
+    for racer in racers:
+        racer.stdin.write("go\n")
+        racer.stdin.flush()
+    outcomes = [racer.stdout.readline().strip() for racer in racers]
+    for racer in racers:
+        racer.stdin.close()
+    assert [racer.wait(timeout=60) for racer in racers] == [0] * 4
     assert sorted(outcomes) == ["refused"] * 3 + ["won"]
     assert not (tmp_path / LOCK_NAME).exists()
 
 
 @pytest.mark.slow
-def test_two_runs_started_together_on_one_workdir_one_is_refused(tmp_path):
+def test_two_runs_started_together_on_one_workdir_one_is_refused(tmp_path, children):
     """Two `python -m mercury_jax.main` runs on one workdir, started together: one trains, the other stops before
     any work with one line naming the first (then the first is killed: it has shown what it needed to)."""
     workdir = tmp_path / "run"
     command = [sys.executable, "-m", "mercury_jax.main", "--config", "experiments/sft.py:tiny",
                f"--workdir={workdir}"]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    runs = [subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runs = [children.start(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(2)]
-    try:
-        deadline = time.time() + 240
-        while all(r.poll() is None for r in runs) and time.time() < deadline:
-            time.sleep(0.5)
-        refused = next(r for r in runs if r.poll() is not None)
-        running = next(r for r in runs if r is not refused)
-        _, err = refused.communicate()
-        assert running.poll() is None, "the winner must still be training"
-    finally:
-        for r in runs:
-            r.kill()
+    deadline = time.time() + 240
+    while all(r.poll() is None for r in runs) and time.time() < deadline:
+        time.sleep(0.5)
+    refused = next(r for r in runs if r.poll() is not None)
+    running = next(r for r in runs if r is not refused)
+    _, err = refused.communicate()
+    assert running.poll() is None, "the winner must still be training"
+    children.kill()  # the winner has shown what it needed to
     assert refused.returncode != 0
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "is in use by another run" in errors[0], err[-2000:]
