@@ -1,13 +1,16 @@
 """The pod proof (`bench/pod.py`) on the tiny configs over the 8 CPU devices: the same code path as the released
 runs on a v5p topology (role meshes from the config, the trainers' jitted programs from abstract shapes), here
-compiled for CPU; plus its parts checked by hand."""
+compiled for CPU; plus its parts checked by hand (a program's seconds with its collectives, their table)."""
 from __future__ import annotations
+
+import types
 
 import jax
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding, PartitionSpec
 
-from mercury_jax.bench import pod, pod_programs
+from mercury_jax.bench import links, pod, pod_programs
 from mercury_jax.bench.report import replace_subsection
 from mercury_jax.bench.run_config import load_config, model_config
 from mercury_jax.config.registry import PIPELINES
@@ -32,6 +35,11 @@ def test_pod_compiles_every_program_of_the_tiny_sao_run(capsys):
         assert f"| {name} |" in out, name
     assert "Every program fits" in out
     assert "Step estimate (sao, sync mode)" in out and "MFU" in out
+    # the collectives' table (here "not counted": the test's jax started before an HLO dump could be set up; the
+    # command line counts them) and the step given with and without them
+    assert "Collectives per program, priced on TPU v5p ICI" in out
+    for variant in ("rooflines only (collectives free)", "+ collectives, none hidden", "+ collectives, async ones"):
+        assert f"| {variant}" in out, variant
 
 
 @pytest.mark.slow
@@ -111,6 +119,34 @@ def test_verdicts_name_the_shortfall():
     assert problems[0].startswith("actor step: 82.00 GiB a chip") and "by 6.00 GiB" in problems[0]
     assert problems[1].startswith("values + GAE: the compile failed")
     assert np.isclose(fine.peak, 70 * 2 ** 30)
+
+
+def test_a_program_with_its_collectives_by_hand():
+    """Roofline 10 ms (XLA's FLOPs at v5p's peak); 6 ms of async collectives: none hidden 16 ms, hidden 10 ms."""
+    program = pod_programs.Program("actor step", "actor", lambda: None, per_step=2)
+    priced = links.CollectiveTime({"all-reduce": 0.004, "all-gather": 0.002}, 0.006, 0.0)
+    result = pod.Result(program, flops=459e12 * 0.010, bytes_accessed=0.0, collectives={"all-reduce": 2 ** 30},
+                        collective_time=priced)
+    assert result.seconds() == result.roofline_s == pytest.approx(0.010)
+    assert result.seconds("none") == pytest.approx(0.016) and result.seconds("async") == pytest.approx(0.010)
+    refused = pod.Result(pod_programs.Program("critic step", "critic", lambda: None), error="XlaRuntimeError")
+    text = pod.collectives_table([result, refused], links.slice_fabric("v5p"))
+    assert "placement unknown" in text
+    assert ("| actor step | 2 | all-reduce 1.00 | all-reduce 4.00 + all-gather 2.00 | 100% | 10.00 | 16.00 | 10.00 |"
+            in text)
+    assert "| critic step | 1 | refused |" in text
+
+
+def test_program_coords_follow_the_device_assignment():
+    mesh = jax.make_mesh((4,), ("fsdp",), devices=jax.devices()[:4])
+    compiled = jax.jit(lambda x: x * 2).lower(
+        jax.ShapeDtypeStruct((8,), np.float32, sharding=NamedSharding(mesh, PartitionSpec("fsdp")))).compile()
+    assert links.program_coords(compiled, 4) == [None] * 4  # CPU devices have no coordinates
+    chips = np.array([types.SimpleNamespace(coords=(i % 2, i // 2, 0)) for i in (2, 0, 3, 1)])
+    fake = types.SimpleNamespace(input_shardings=((types.SimpleNamespace(mesh=types.SimpleNamespace(devices=chips)),),
+                                                  {}))
+    assert links.program_coords(fake, 4) == [(0, 1, 0), (0, 0, 0), (1, 1, 0), (1, 0, 0)]
+    assert links.program_coords(types.SimpleNamespace(input_shardings=((), {})), 3) == [None] * 3
 
 
 def test_subsections_replace_only_their_own_run(tmp_path):

@@ -1,6 +1,7 @@
 """The pod step's formulas (`bench/step_time.py`) by hand: a batch's rollout and one episode's, the learner of each
 pipeline, the async step within the staleness bound, the batch's assembly across hosts, MFU; and the batch each
-registered pipeline trains on, read from `config.pipeline` (the group baseline is not SFT)."""
+registered pipeline trains on, read from `config.pipeline` (the group baseline is not SFT); a program's seconds with
+its collectives under each overlap model."""
 from __future__ import annotations
 
 import pytest
@@ -56,3 +57,13 @@ def test_assembly_and_mfu_by_hand():
     # 128 trajectories of 24,576 tokens x 13 bytes over 12.5 GB/s, plus two 1 ms rounds
     assert step_time.assembly_seconds(128, 24576) == pytest.approx(128 * 24576 * 13 / 12.5e9 + 2e-3)
     assert step_time.model_flop_utilisation(459e12 * 64, 128, 459e12, 2.0) == 0.25
+
+
+def test_program_seconds_under_each_overlap_model():
+    # roofline 10 ms; collectives: 6 ms issued async, 3 ms not
+    assert step_time.program_seconds(0.010, 0.006, 0.003, None) == 0.010  # the roofline alone
+    assert step_time.program_seconds(0.010, 0.006, 0.003, "none") == pytest.approx(0.019)  # all in turn
+    assert step_time.program_seconds(0.010, 0.006, 0.003, "async") == pytest.approx(0.013)  # async under compute
+    assert step_time.program_seconds(0.010, 0.015, 0.003, "async") == pytest.approx(0.018)  # longer than compute
+    with pytest.raises(ValueError, match="'full'"):
+        step_time.program_seconds(0.010, 0.0, 0.0, "full")

@@ -20,7 +20,9 @@ header (backend, device kind, jax version, kernels, the chip's peaks), the model
 median time, tokens/s, model TFLOP/s (hand count: 6 N per trained token, 2 N per decoded token, N the active
 parameters, plus causal attention; `bench/flops.py`), MFU against the chip's bf16 peak, the HBM bytes a decode step
 must read (`bench/rooflines.py:decode_read_bytes`) and the fraction of the bandwidth roofline that achieves. Peaks
-come from `bench/peaks.py` by `device_kind`; an unknown chip (CPU) reports "n/a". Past `--budget-s` it stops,
+come from `bench/peaks.py` by `device_kind`; an unknown chip (CPU) reports "n/a". The header also names the chip's
+links (`bench/links.py`: NVLink for H100 / H200, ICI for a TPU), the bandwidth a pod step's collectives are priced
+with (`bench.pod`), for reading a one-chip time against a step of many. Past `--budget-s` it stops,
 says so, and exits 1 (also when a program fails, e.g. out of memory: its row says why).
 """
 from __future__ import annotations
@@ -36,6 +38,7 @@ from mercury_jax.bench import jax_setup
 from mercury_jax.bench.device_programs import Program, actor_program, decode_program, init_model
 from mercury_jax.bench.device_setup import KERNELS, Shapes, check_model, chip_shapes, platform
 from mercury_jax.bench.flops import active_parameters
+from mercury_jax.bench.links import describe_chip_links
 from mercury_jax.bench.peaks import Peak, chip_peak
 from mercury_jax.bench.report import markdown_table, replace_subsection
 from mercury_jax.bench.rooflines import GIB
@@ -145,7 +148,7 @@ def run(argv=None) -> int:
     param_dtype = config.rollout.get("param_dtype", "") or None
     header = (f"backend {jax.default_backend()}, device {device.device_kind} ({jax.device_count()} visible, 1 used), "
               f"jax {jax.__version__}; kernels: " + ", ".join(f"{k}={v}" for k, v in kernels.items())
-              + f"; peak {peak.describe()}")
+              + f"; peak {peak.describe()}; {describe_chip_links(device.device_kind)}")
     changed = [f"{field} {value} (run: {getattr(released, field)})" for field, value in vars(shapes).items()
                if value != getattr(released, field)]
     model_line = (f"{config_path}: {describe_model(cfg, bool(args.vocab), param_dtype)}; shapes: one chip's share "

@@ -29,6 +29,8 @@ import tempfile
 import time
 from collections.abc import Callable
 
+import numpy as np
+
 DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
                "s64": 8, "u64": 8, "f64": 8, "f8e4m3fn": 1, "f8e5m2": 1, "s4": 1, "u4": 1}
 _SHAPE = re.compile(r"\b(" + "|".join(DTYPE_BYTES) + r")\[([\d,]*)\](\{[^}]*\})?")
@@ -315,6 +317,136 @@ def collective_bytes(text: str) -> dict[str, int]:
     return walk(entry)
 
 
+@dataclasses.dataclass(frozen=True)
+class Traffic:
+    """The collectives of one kind, group layout and issue in a module: `groups` the op's `replica_groups` (or a
+    permute's `source_target_pairs`) as the HLO text spells it ("" where it names none: every device), `is_async`
+    whether XLA issues it asynchronously (a `-start` / `-done` pair or an op inside an `async-start` computation),
+    and per run of the module `ops` (loops by their trip counts) and `bytes` (their results per chip, summed)."""
+    kind: str
+    groups: str
+    is_async: bool
+    ops: int = 0
+    bytes: int = 0
+
+
+_GROUPS = re.compile(r"(?:replica_groups|source_target_pairs)=(\{[{}\d,\s]*\}|\[[\d,]+\]<=\[[\d,]+\](?:T\([\d,]+\))?"
+                     r"|mesh\[[^\]]*\](?:, device_ids=\(.*?\))? \{[^}]*\})")
+
+
+def collective_traffic(text: str) -> list[Traffic]:
+    """Every collective of the HLO module `text` by (kind, groups, async), with its ops and result bytes per chip in
+    one run (each op's result times the trip counts of the loops around it; an async pair counted once, at its
+    `-done`, with the groups of its `-start`). The same walk and the same bytes as `collective_bytes`."""
+    computations, entry = parse_module(text)
+    counter = ByteCounter(computations, scalar_constants(text))
+    memo: dict[tuple[str, bool], dict] = {}
+
+    def walk(name: str, inside_async: bool) -> dict:
+        if (name, inside_async) not in memo:
+            memo[(name, inside_async)] = {}
+            memo[(name, inside_async)] = _walk_traffic(computations[name], inside_async, walk, counter)
+        return memo[(name, inside_async)]
+    return [Traffic(kind, groups, is_async, ops, nbytes)
+            for (kind, groups, is_async), (ops, nbytes) in walk(entry, False).items()]
+
+
+def _walk_traffic(comp: Computation, inside_async: bool, walk, counter: ByteCounter) -> dict:
+    """{(kind, groups, async): [ops, bytes]} of one computation, the computations it calls walked by `walk`."""
+    totals: dict[tuple, list[int]] = {}
+
+    def add(found: dict, times: int = 1):
+        for key, (ops, nbytes) in found.items():
+            entry = totals.setdefault(key, [0, 0])
+            entry[0] += times * ops
+            entry[1] += times * nbytes
+    shapes = comp.by_name()
+    for i in comp.instructions:
+        if i.opcode in _COLLECTIVES:
+            start = shapes.get(i.operands[0]) if i.opcode.endswith("-done") and i.operands else None
+            groups = _GROUPS.search((start or i).attributes)
+            is_async = inside_async or i.opcode.endswith("-done")
+            add({(i.opcode.removesuffix("-done"), groups.group(1) if groups else "", is_async): (1, i.result_bytes)})
+        elif i.opcode == "while":
+            add(walk(_called(i.attributes, "body")[0], inside_async), counter.loop_trips(i))
+        elif i.opcode in ("call", "async-start", "fusion"):
+            for called in _called(i.attributes, "to_apply") + _called(i.attributes, "calls"):
+                if called in counter.computations:
+                    add(walk(called, inside_async or i.opcode == "async-start"))
+        elif i.opcode == "conditional":
+            branches = _called(i.attributes, "branch_computations") or (
+                _called(i.attributes, "true_computation") + _called(i.attributes, "false_computation"))
+            sums = [walk(b, inside_async) for b in branches if b in counter.computations]
+            if sums:
+                add(max(sums, key=lambda d: sum(nbytes for _, nbytes in d.values())))
+    return totals
+
+
+def replica_groups(groups: str, devices: int) -> list[list[int]]:
+    """The device ids (positions in the program's device assignment) of each group of a collective's
+    `replica_groups` text: explicit (`{{0,1},{2,3}}`), iota (`[2,4]<=[4,2]T(1,0)`: iota over the bracketed dims,
+    transposed, reshaped to groups x size) or mesh axes (`mesh['a'=2,'b'=4] {'b'}`: the devices along the named
+    axes form a group; `name:(pre)size` a sub-axis); "" or `{}`: one group of all `devices`."""
+    text = groups.strip()
+    if text in ("", "{}"):
+        return [list(range(devices))]
+    try:
+        if text.startswith("{"):
+            return [[int(n) for n in re.findall(r"\d+", g)] for g in re.findall(r"\{([\d,\s]*)\}", text[1:-1])]
+        if text.startswith("["):
+            shape, ids = text.split("<=", 1)
+            return _iota_ids(ids).reshape([int(n) for n in shape[1:-1].split(",")]).tolist()
+        return _mesh_groups(text)
+    except (AttributeError, ValueError) as error:
+        raise ValueError(f"replica groups {text!r} are not in a spelling hlo_bytes.replica_groups reads "
+                         f"({error})") from error
+
+
+def permute_pairs(pairs: str) -> list[tuple[int, int]]:
+    """(source, target) device ids of a collective-permute's `source_target_pairs` text."""
+    return [(int(a), int(b)) for a, b in re.findall(r"\{(\d+),\s*(\d+)\}", pairs)]
+
+
+def _iota_ids(text: str):
+    """The ids of an iota tile assignment `[d0,d1,...]T(p0,p1,...)` (the transpose optional), as an array of the
+    transposed shape."""
+    match = re.fullmatch(r"\[([\d,]+)\](?:T\(([\d,]+)\))?", text.strip())
+    dims = [int(n) for n in match.group(1).split(",")]
+    ids = np.arange(math.prod(dims)).reshape(dims)
+    return ids.transpose([int(n) for n in match.group(2).split(",")]) if match.group(2) else ids
+
+
+def _mesh_groups(text: str) -> list[list[int]]:
+    """Groups of a mesh-axes replica group list (`mesh['a'=2,'b'=4], device_ids=(...) {'b','a:(1)2'}`)."""
+    match = re.fullmatch(r"mesh\[([^\]]*)\](?:, device_ids=\((.*?)\))? \{([^}]*)\}", text)
+    axes = [(name, int(size)) for name, size in re.findall(r"'?([\w.\-]+)'?=(\d+)", match.group(1))]
+    sizes = [size for _, size in axes]
+    ids_text = (match.group(2) or "").strip()
+    if ids_text.startswith("["):
+        ids = _iota_ids(ids_text.split("<=", 1)[1]).reshape(sizes)
+    elif ids_text:
+        ids = np.array([int(n) for n in re.findall(r"\d+", ids_text)]).reshape(sizes)
+    else:
+        ids = np.arange(math.prod(sizes)).reshape(sizes)
+    # each axis split as (major, sub-axis, minor) where a sub-axis `name:(pre)size` is grouped, else kept whole
+    split, grouped = [], []
+    refs = re.findall(r"'?([\w.\-]+?)'?(?::\((\d+)\)(\d+))?(?:,|$)", match.group(3).replace(" ", ""))
+    wanted = {name: (int(pre), int(size)) if size else None for name, pre, size in refs if name}
+    for name, size in axes:
+        if name in wanted and wanted[name] is not None:
+            pre, sub = wanted[name]
+            grouped.append(len(split) + 1)
+            split += [size // (pre * sub), sub, pre]
+        else:
+            if name in wanted:
+                grouped.append(len(split))
+            split.append(size)
+    ids = ids.reshape(split)
+    others = [a for a in range(len(split)) if a not in grouped]
+    group_size = math.prod(split[a] for a in grouped)
+    return ids.transpose(others + grouped).reshape(-1, group_size).tolist()
+
+
 # the collectives `collective_results` and `collective_ops` name (each op's synchronous or `-start` form)
 COLLECTIVE_KINDS = ("all-to-all", "all-gather", "collective-permute", "all-reduce", "reduce-scatter",
                     "ragged-all-to-all")
@@ -357,6 +489,11 @@ def collective_ops(text: str) -> dict[str, int]:
 def counted_collectives(since: float) -> dict[str, int] | None:
     """`collective_bytes` of the program compiled last, None when nothing is dumped."""
     return _count_last_module(collective_bytes, since)
+
+
+def counted_collective_traffic(since: float) -> list[Traffic] | None:
+    """`collective_traffic` of the program compiled last, None when nothing is dumped."""
+    return _count_last_module(collective_traffic, since)
 
 
 def _count_last_module(count: Callable[[str], object], since: float):

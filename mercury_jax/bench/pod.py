@@ -25,8 +25,13 @@ peak and max(XLA bytes, decode bytes) / HBM bandwidth. The decode chunk's bytes 
 HLO with every loop by its trip count (`hlo_bytes.py`: the chunk minus a 1-step compile, per step, times the
 steps), what the compiled program moves rather than what it must; the roofline takes the larger. The step
 estimate and the model FLOP utilisation follow from those rooflines and the counts of each program per step
-(`step_time.py`; printed with the derivation). Exit status 1 names every program over the threshold or refused by
-the compiler.
+(`step_time.py`; printed with the derivation). Each program's collectives (counted in the same optimised HLO:
+bytes by kind, group, and whether XLA issues them asynchronously) are priced on the topology's links
+(`links.py`: ring, bisection and link-load models on the groups' places in the torus; CPU devices have no places,
+so there each group is priced as one v5p axis without wraparound), and the step estimate is given three ways:
+rooflines only (collectives free, as before), + collectives with none hidden, + collectives with the async ones
+hidden behind compute (`step_time.program_seconds`). Exit status 1 names every program over the threshold or
+refused by the compiler.
 """
 from __future__ import annotations
 
@@ -42,7 +47,15 @@ from jax.experimental import topologies
 
 from mercury_jax.bench import jax_setup
 from mercury_jax.bench.flops import forward_flops_per_token, gdn_rule_flops_per_token
-from mercury_jax.bench.hlo_bytes import bytes_per_trip, counted_collectives
+from mercury_jax.bench.hlo_bytes import bytes_per_trip, counted_collective_traffic
+from mercury_jax.bench.links import (
+    NO_COLLECTIVES,
+    CollectiveTime,
+    Fabric,
+    price_traffic,
+    program_coords,
+    topology_fabric,
+)
 from mercury_jax.bench.pod_programs import Program, learner_seq, pipeline_meshes, step_programs
 from mercury_jax.bench.report import markdown_table, replace_subsection
 from mercury_jax.bench.rooflines import (
@@ -58,6 +71,8 @@ from mercury_jax.bench.run_config import apply_overrides, load_config, model_con
 from mercury_jax.bench.step_time import (
     ASSEMBLY_ROUNDS_S,
     DCN_BYTES_PER_S,
+    OVERLAP_TEXT,
+    OVERLAPS,
     TRAJECTORY_BYTES_PER_TOKEN,
     assembly_seconds,
     episodes_per_step,
@@ -66,6 +81,7 @@ from mercury_jax.bench.step_time import (
     max_staleness,
     model_flop_utilisation,
     pipeline_name,
+    program_seconds,
     rollout_seconds,
     step_seconds,
 )
@@ -92,6 +108,7 @@ class Result:
     bytes_accessed: float = math.nan
     counted_bytes: float = math.nan  # per chip per run, counted in the optimised HLO by trip counts (hlo_bytes.py)
     collectives: dict | None = None  # {kind: bytes a chip receives per run}, the same count (hlo_bytes.py)
+    collective_time: CollectiveTime | None = None  # their seconds per run on the topology's links (links.py)
     error: str = ""
 
     @property
@@ -115,12 +132,19 @@ class Result:
     def bound(self) -> str:
         return roofline(self.bounds)[1]
 
+    def seconds(self, overlap: str | None = None) -> float:
+        """Seconds a run: the roofline (`overlap` None), or with the collectives under an overlap model
+        (`step_time.program_seconds`)."""
+        c = self.collective_time or NO_COLLECTIVES
+        return program_seconds(self.roofline_s, c.async_s, c.sync_s, overlap)
+
 
 # -- running and reporting ----------------------------------------------------------------------------------------
 
-def compile_program(program: Program) -> Result:
-    """The program compiled: its memory per chip, XLA's costs, the collectives it receives and (a loop program) the
-    bytes its optimised HLO moves counted by trip counts; a refused compile is a result with its error."""
+def compile_program(program: Program, fabric: Fabric) -> Result:
+    """The program compiled: its memory per chip, XLA's costs, the collectives it receives and their seconds on
+    `fabric`, and (a loop program) the bytes its optimised HLO moves counted by trip counts; a refused compile is a
+    result with its error."""
     result = Result(program)
     start, started = time.perf_counter(), time.time()
     try:
@@ -136,7 +160,15 @@ def compile_program(program: Program) -> Result:
         result.temp = memory.temp_size_in_bytes
         result.total = program_bytes(memory)
     result.flops, result.bytes_accessed = xla_cost(compiled)
-    result.collectives = counted_collectives(started)
+    traffic = counted_collective_traffic(started)
+    if traffic is not None:  # None: jax started before the dump was set up (tests)
+        result.collectives = {}
+        for t in traffic:
+            result.collectives[t.kind] = result.collectives.get(t.kind, 0) + t.bytes
+        try:
+            result.collective_time = price_traffic(traffic, program_coords(compiled, program.group_chips), fabric)
+        except ValueError as error:  # groups spelt in a way hlo_bytes does not read: the rest of the run stands
+            print(f"  {program.name}: collectives not priced ({error})", flush=True)
     if program.one_step_lower is not None and program.steps > 1:
         per_step = bytes_per_trip(started, lambda: program.one_step_lower().compile(), program.steps)
         if per_step is not None:  # None: jax started before the dump was set up (tests)
@@ -163,21 +195,23 @@ def seconds(value: float) -> str:
     return f"{value:.1f} s" if value >= 1 else f"{value * 1e3:.2f} ms"
 
 
-def step_figures(config, results: list[Result], rollout: dict, generated: int, chips: int) -> dict:
-    """The step estimate's figures from the programs' rooflines (`step_time.py`): the rollout of a batch and of one
-    episode, the learner, the publish, the async batch assembly, the step, and the model FLOPs and MFU."""
+def step_figures(config, results: list[Result], rollout: dict, generated: int, chips: int,
+                 overlap: str | None = None) -> dict:
+    """The step estimate's figures from the programs' seconds (`step_time.py`; `Result.seconds(overlap)`: the
+    rooflines, or with the collectives): the rollout of a batch and of one episode, the learner, the publish, the
+    async batch assembly, the step, and the model FLOPs and MFU."""
     by_name = {r.program.name: r for r in results}
     r = config.rollout
     episodes = episodes_per_step(config)
     prefilled = max(r.max_total_tokens - generated, 0)
     decode, prefill = by_name["rollout decode"], by_name["rollout prefill"]
-    decode_step_s = decode.roofline_s / rollout["steps"]
+    decode_step_s = decode.seconds(overlap) / rollout["steps"]
     rollout_s, episode_s = rollout_seconds(episodes, generated, prefilled, rollout["replicas"], rollout["slots"],
-                                           decode_step_s, rollout["prefill_tokens"], prefill.roofline_s)
+                                           decode_step_s, rollout["prefill_tokens"], prefill.seconds(overlap))
     learner = [x for x in results if not x.program.name.startswith(("rollout", "publish"))]
     learner_s = learner_seconds(pipeline_name(config),
-                                {x.program.name: x.roofline_s * x.program.per_step for x in learner})
-    publish_s = sum(x.roofline_s for x in results if x.program.name.startswith("publish"))
+                                {x.program.name: x.seconds(overlap) * x.program.per_step for x in learner})
+    publish_s = sum(x.seconds(overlap) for x in results if x.program.name.startswith("publish"))
     async_mode = r.get("mode", "sync") == "async"
     # async: every host receives the whole batch before the learner starts; the rollout hosts take part in each
     # publish (its send reads and writes their HBM while they decode), so it costs both sides
@@ -188,7 +222,7 @@ def step_figures(config, results: list[Result], rollout: dict, generated: int, c
     rollout_flops += prefill.program.model_flops / rollout["prefill_tokens"] * episodes * prefilled
     flops = rollout_flops + sum(x.program.model_flops * x.program.per_step for x in learner)
     return dict(episodes=episodes, generated=generated, prefilled=prefilled, decode_step_s=decode_step_s,
-                prefill_s=prefill.roofline_s, rollout_s=rollout_s, episode_s=episode_s, learner_s=learner_s,
+                prefill_s=prefill.seconds(overlap), rollout_s=rollout_s, episode_s=episode_s, learner_s=learner_s,
                 publish_s=publish_s, assembly_s=assembly_s, staleness=staleness, step_s=step_s, flops=flops,
                 mfu=model_flop_utilisation(flops, chips, V5P_PEAK_FLOPS, step_s), async_mode=async_mode)
 
@@ -219,6 +253,43 @@ def step_estimate(config, results: list[Result], rollout: dict, generated: int, 
             f"active parameters, plus causal attention) {f['flops'] / 1e12:,.1f} TFLOP over "
             f"{chips} chips x {V5P_PEAK_FLOPS / 1e12:.0f} TFLOP/s x {seconds(f['step_s'])}: **MFU {f['mfu']:.1%}** "
             f"(an upper bound, as the time is a lower bound).")
+
+
+def step_variants(config, results: list[Result], rollout: dict, generated: int, chips: int) -> str:
+    """The step estimate three ways (`step_time.OVERLAPS`): the rooflines alone (the paragraph above), + the
+    collectives with none hidden, + the collectives with the async ones hidden behind compute; with the learner's
+    idle share of the step and the MFU each implies."""
+    rows = []
+    for overlap in OVERLAPS:
+        f = step_figures(config, results, rollout, generated, chips, overlap)
+        rows.append([OVERLAP_TEXT[overlap], f"{f['decode_step_s'] * 1e3:.2f}", seconds(f["rollout_s"]),
+                     seconds(f["learner_s"]), seconds(f["publish_s"]), f"**{seconds(f['step_s'])}**",
+                     f"{1 - f['learner_s'] / f['step_s']:.0%}", f"{f['mfu']:.1%}"])
+    return ("Step with and without collectives (each program's seconds as in the collectives table; the same step "
+            "formula):\n\n" + markdown_table(["programs' seconds", "decode ms a step", "rollout", "learner",
+                                                "publish", "step", "learner idle", "MFU bound"], rows))
+
+
+def collectives_table(results: list[Result], fabric: Fabric) -> str:
+    """Per program its collective bytes by kind, their seconds on `fabric` (`links.py`) by kind and how much XLA
+    issues asynchronously, and the program's seconds a run with and without them (`Result.seconds`)."""
+    rows = []
+    for r in results:
+        if r.error or r.collective_time is None:
+            rows.append([r.program.name, f"{r.program.per_step:g}", "refused" if r.error else "not counted", "", "",
+                         "", "", ""])
+            continue
+        c = r.collective_time
+        by_kind = " + ".join(f"{kind} {c.seconds[kind] * 1e3:.2f}" for kind in sorted(c.seconds, key=c.seconds.get,
+                                                                                       reverse=True)
+                             if c.seconds[kind] >= 5e-6) or "0"
+        rows.append([r.program.name, f"{r.program.per_step:g}", collectives_text(r.collectives) or "none", by_kind,
+                     f"{c.async_s / c.total_s:.0%}" if c.total_s else "", f"{r.roofline_s * 1e3:.2f}",
+                     f"{r.seconds('none') * 1e3:.2f}", f"{r.seconds('async') * 1e3:.2f}"])
+    return (f"Collectives per program, priced on {fabric.describe()} (`links.py`; latency not priced):\n\n"
+            + markdown_table(["program", "runs a step", "collectives GiB/chip a run", "collective ms a run (by kind)",
+                              "issued async", "roofline ms", "+ collectives ms (none hidden)",
+                              "+ collectives ms (async hidden)"], rows))
 
 
 def table(results: list[Result], hbm_bytes: float, headroom: float) -> str:
@@ -330,11 +401,11 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
-def compile_all(programs: list[Program]) -> list[Result]:
-    """Each program compiled in turn, a line printed as each one finishes."""
+def compile_all(programs: list[Program], fabric: Fabric) -> list[Result]:
+    """Each program compiled in turn (its collectives priced on `fabric`), a line printed as each one finishes."""
     results = []
     for program in programs:
-        results.append(compile_program(program))
+        results.append(compile_program(program, fabric))
         r = results[-1]
         print(f"  {program.name:22s} {program.chips}: " + (f"FAILED {r.error}" if r.error else
               f"{r.total / GIB:.2f} GiB program + {program.resident_bytes / GIB:.2f} resident, compile "
@@ -363,19 +434,21 @@ def run(argv=None) -> int:
     model_name = config.model.get("preset") or args.preset
     print(f"{args.config} ({pipeline}, {model_name}) on {topology}: {len(devices)} devices, groups {groups}; HBM "
           f"{hbm_bytes / GIB:.1f} GiB a chip, threshold {args.headroom:.0%}", flush=True)
-    results = compile_all(programs)
-    body = table(results, hbm_bytes, args.headroom)
+    fabric = topology_fabric(topology, devices)
+    results = compile_all(programs, fabric)
+    body = table(results, hbm_bytes, args.headroom) + "\n\n" + collectives_table(results, fabric)
     problems = verdicts(results, hbm_bytes, args.headroom)
     complete = every_program == {r.program.name for r in results if not r.error}  # the estimate needs them all
     estimate = ""
     if complete and facts is not None:
         generated = args.generated_tokens or config.rollout.max_turn_tokens
-        estimate = step_estimate(config, results, facts, generated, chips)
+        estimate = (step_estimate(config, results, facts, generated, chips) + "\n\n"
+                    + step_variants(config, results, facts, generated, chips))
     rows = learner_rows(config)
     per_token = "\n".join(t for t in (per_token_text(results, rows, seq), gdn_split_text(cfg, meshes, seq)) if t)
     verdict = ("**Every program fits** within " + f"{args.headroom:.0%} of HBM." if not problems
                else "**Does not fit**:\n" + "\n".join(f"- {p}" for p in problems))
-    print("\n".join((body, per_token, estimate, verdict)))
+    print("\n\n".join(part for part in (body, per_token, estimate, verdict) if part))
     if not args.no_write:
         rollout_text = ("" if facts is None else f"rollout {config.rollout.get('mode', 'sync')}, {facts['replicas']} "
                         f"replica(s) x {facts['slots']} slots; ")

@@ -9,6 +9,12 @@ share, every one a lower bound on time.
     step      sync: rollout + learner + publish; async: max(rollout, assembly + learner), never less than an
               episode over the staleness bound, + publish
     MFU       model FLOPs of a step / (chips x peak x step seconds): an upper bound, as the time is a lower bound
+    program   its roofline, or with its collectives (`links.py`) under one of two overlap models:
+              none     roofline + collectives: nothing hides, an upper bound on what the collectives add
+              async    max(roofline, async collectives) + the rest: XLA issues some collectives as a start / done
+                       pair (or an async computation) and its latency-hiding scheduler places independent compute
+                       between the two, so at best they finish under the compute; a collective issued
+                       synchronously blocks the compute that follows it and adds in full
 
 The learner's batch size comes from the pipeline that `config.pipeline` names (`config/registry.py`).
 """
@@ -105,3 +111,22 @@ def step_seconds(async_mode: bool, rollout_s: float, learner_s: float, episode_s
 def model_flop_utilisation(flops: float, chips: int, peak_flops: float, step_s: float) -> float:
     """The share of `chips` chips' peak that a step's model FLOPs fill in `step_s` seconds."""
     return flops / (chips * peak_flops * step_s)
+
+
+# how a program's collectives add to its roofline: None the roofline alone (collectives free), then the two models
+OVERLAPS = (None, "none", "async")
+OVERLAP_TEXT = {None: "rooflines only (collectives free)", "none": "+ collectives, none hidden",
+                "async": "+ collectives, async ones hidden"}
+
+
+def program_seconds(compute_s: float, async_s: float, sync_s: float, overlap: str | None) -> float:
+    """A program's seconds a run from its roofline `compute_s` and its collectives' seconds (`async_s` issued
+    asynchronously, `sync_s` not): `overlap` None the roofline alone, "none" everything in turn, "async" the async
+    collectives hidden behind the compute as far as it lasts."""
+    if overlap is None:
+        return compute_s
+    if overlap == "none":
+        return compute_s + async_s + sync_s
+    if overlap == "async":
+        return max(compute_s, async_s) + sync_s
+    raise ValueError(f"overlap {overlap!r} is not one of {OVERLAPS}")
