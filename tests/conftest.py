@@ -1,7 +1,11 @@
 """Test session setup: 8 fake CPU devices and no TPU probing, set before JAX is imported anywhere; one persistent
 compilation cache for the session's child processes; the owner of a test's child processes (`children`); the hard
 stop behind pytest-timeout; the longest modules first."""
+import faulthandler
 import os
+import sys
+
+import pytest
 
 os.environ["JAX_PLATFORMS"] = "cpu"
 _flags = os.environ.get("XLA_FLAGS", "")
@@ -9,11 +13,7 @@ if "xla_force_host_platform_device_count" not in _flags:
     os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import faulthandler  # noqa: E402
-import sys  # noqa: E402
-
-import jax  # noqa: E402  (must come after the environment is set)
-import pytest  # noqa: E402
+import jax  # noqa: E402  (JAX reads JAX_PLATFORMS when imported: the environment above comes first)
 
 jax.config.update("jax_default_matmul_precision", "highest")
 

@@ -5,17 +5,13 @@ compiles)."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import jax
 
-import jax  # noqa: E402
-
-from experiments.group_baseline import get_config  # noqa: E402
-from mercury_jax.config.rollout import episode_reward  # noqa: E402
-from mercury_jax.train.group_baseline import run  # noqa: E402
-from mercury_jax.train.rollouts import Seams  # noqa: E402
+from experiments.group_baseline import get_config
+from mercury_jax.config.rollout import episode_reward
+from mercury_jax.train.group_baseline import run
+from mercury_jax.train.rollouts import Seams
 
 GROUP_SIZE = 4
 

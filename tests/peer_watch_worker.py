@@ -12,16 +12,16 @@ import time
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from mercury_jax.parallel import distributed  # noqa: E402
+from mercury_jax.parallel import distributed  # noqa: E402  (after XLA_FLAGS, the path and the multi-process start above)
 
 distributed.initialize_from_env(heartbeat_timeout_s=60)
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.experimental import multihost_utils  # noqa: E402
+import jax  # noqa: E402  (after XLA_FLAGS, the path and the multi-process start above)
+import numpy as np  # noqa: E402  (after XLA_FLAGS, the path and the multi-process start above)
+from jax.experimental import multihost_utils  # noqa: E402  (after XLA_FLAGS, the path and the multi-process start above)
 
-from mercury_jax.runs.run_guard import run_guard  # noqa: E402
-from mercury_jax.runs.rundir import RunDir  # noqa: E402
+from mercury_jax.runs.run_guard import run_guard  # noqa: E402  (after XLA_FLAGS, the path and the multi-process start above)
+from mercury_jax.runs.rundir import RunDir  # noqa: E402  (after XLA_FLAGS, the path and the multi-process start above)
 
 
 def main(workdir: str, victim: int, kill_after: float, timeout_s: float, how: str) -> None:

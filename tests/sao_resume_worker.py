@@ -5,15 +5,11 @@ reuse the child's compiles)."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import jax
 
-import jax  # noqa: E402
-
-from experiments.sao import get_config  # noqa: E402
-from mercury_jax.train.sao import run  # noqa: E402
+from experiments.sao import get_config
+from mercury_jax.train.sao import run
 
 
 def tiny_sao_config(steps: int):

@@ -12,13 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+from sao_resume_worker import run_tiny
 
 from mercury_jax.data.synthetic import write_corpus
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).parent))
-
-from sao_resume_worker import run_tiny  # noqa: E402
 
 pytestmark = pytest.mark.timeout(1800)  # several processes of tiny runs on a loaded 2-core host (pyproject: 900)
 
@@ -50,7 +48,8 @@ def _kill_after_checkpoint(children, command: list[str], checkpoints: Path, *, a
 
 
 def _env() -> dict:
-    return {**os.environ, "JAX_PLATFORMS": "cpu"}  # the session's compilation cache too (tests/conftest.py)
+    # the repository on the path of a script run from tests/; the session's compilation cache too (tests/conftest.py)
+    return {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
 
 
 @pytest.mark.slow

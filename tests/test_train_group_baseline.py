@@ -80,7 +80,8 @@ def test_a_sigkilled_run_resumes_from_its_checkpoint_as_if_never_killed(tmp_path
     sees a committed checkpoint and SIGKILLs it; the run resumed from that checkpoint logs the same later steps
     (rewards, losses, lengths, advantages: every non-timing metric) as an uninterrupted run, exactly."""
     workdir, checkpoints = tmp_path / "killed", tmp_path / "killed" / "group_baseline" / "checkpoints"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}  # the session's compilation cache too (tests/conftest.py)
+    # the repository on the script's path; the session's compilation cache too (tests/conftest.py)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     child = children.start([sys.executable, str(WORKER), str(workdir), "1000"], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, env=env)
     deadline = time.monotonic() + 600

@@ -27,8 +27,8 @@ from typing import Annotated, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mercury_jax.chat import parse_assistant, render, render_completion  # noqa: E402
-from mercury_jax.envs import MCPToolbox, build_server  # noqa: E402
+from mercury_jax.chat import parse_assistant, render, render_completion  # noqa: E402  (after the repository is put on the path: this replay runs in its own venv)
+from mercury_jax.envs import MCPToolbox, build_server  # noqa: E402  (after the repository is put on the path: this replay runs in its own venv)
 
 SYSTEM = "You are a helpful assistant with tools. Use them to do what the user asks."
 
