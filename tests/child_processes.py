@@ -12,20 +12,27 @@ worker that crashes, or the suite's hard timeout in tests/conftest.py, which exi
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
 import sys
 
-_PR_SET_PDEATHSIG = 1
-# resolved here, not in the forked child: a child of a threaded process must not take the loader's locks
-_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+# The child asks the kernel for SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG, which survives exec), then
+# execs the command; a tiny Python in front of it rather than a `preexec_fn`, which would fork the threaded test
+# process instead of spawning (JAX warns of deadlocks there). It exits at once if the parent is already gone.
+_DIE_WITH_PARENT = """import ctypes, os, signal, sys
+ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+if os.getppid() != int(sys.argv[1]):
+    os._exit(137)
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
 
 
-def _die_with_parent() -> None:
-    """In the forked child, before exec: SIGKILL when the thread that forked it exits (Linux prctl)."""
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+def _dying_with_this_process(args) -> list[str]:
+    """`args` behind the launcher above, on Linux (elsewhere as they are)."""
+    if sys.platform != "linux":
+        return list(args)
+    return [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *map(str, args)]
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -48,12 +55,11 @@ class ChildProcesses:
         self.procs: list[subprocess.Popen] = []
 
     def start(self, args, **popen_kwargs) -> subprocess.Popen:
-        """`subprocess.Popen(args, **popen_kwargs)` in its own process group, dying with this process (Linux);
-        call it from the test's own thread (the kernel's parent-death signal follows the thread that forked)."""
+        """`subprocess.Popen(args, **popen_kwargs)` (a list of arguments, no shell) in its own process group, dying
+        with this process (Linux); call it from the test's own thread (the kernel's parent-death signal follows the
+        thread that started the child)."""
         popen_kwargs.setdefault("start_new_session", True)
-        if _prctl is not None:
-            popen_kwargs.setdefault("preexec_fn", _die_with_parent)
-        return self.own(subprocess.Popen(args, **popen_kwargs))[0]
+        return self.own(subprocess.Popen(_dying_with_this_process(args), **popen_kwargs))[0]
 
     def own(self, procs) -> list[subprocess.Popen]:
         """Take `procs` (one Popen or a list) into this owner; returns them as a list."""

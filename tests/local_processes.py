@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.child_processes import ChildProcesses
+
 ROOT = Path(__file__).resolve().parents[1]
 # a caller's own multi-process or TPU settings (the AOT benchmarks set TPU_WORKER_HOSTNAMES) stay out of the children
 _INHERITED_OUT = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "TPU_WORKER_HOSTNAMES")
@@ -99,22 +101,18 @@ def run_reporting_script(script: Path, *, processes: int, devices: int, args: tu
     each, the repository on the path: the script's environment is set here, before it imports JAX) and return each
     process's last JSON line (an object with a "process" key) by process. A process that exits non-zero raises
     `LaunchFailed` with its stderr's tail."""
-    port, procs = free_port(), []
-    for rank in range(processes):
-        env = {**os.environ, "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": str(processes),
-               "JAX_PROCESS_ID": str(rank), "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT),
-               "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
-        procs.append(subprocess.Popen([sys.executable, str(script), *args], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
-    reports = {}
-    try:
-        for proc in procs:
+    port, reports = free_port(), {}
+    with ChildProcesses() as children:  # every exit path kills the workers (tests/child_processes.py)
+        for rank in range(processes):
+            env = {**os.environ, "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": str(processes),
+                   "JAX_PROCESS_ID": str(rank), "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT),
+                   "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+            children.start([sys.executable, str(script), *args], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+        for proc in children.procs:
             out, err = proc.communicate(timeout=timeout_s)
             if proc.returncode != 0:
                 raise LaunchFailed(f"{script.name} exited with {proc.returncode}\n{err[-3000:]}")
             report = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
             reports[report["process"]] = report
-    finally:
-        for proc in procs:
-            proc.kill()
     return reports
