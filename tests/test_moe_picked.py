@@ -16,6 +16,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
@@ -73,6 +74,7 @@ def test_the_pallas_kernel_equals_the_gather():
     close(sharded, picked_experts(x, picks, weights, *stacks, layer=jnp.int32(2), impl="gather"))
 
 
+@pytest.mark.slow  # ~20 s of CPU; the picked experts themselves stay in the fast tier above
 def test_decode_on_the_picked_path_equals_the_full_forward():
     cfg = C.tiny(vocab_size=80, num_hidden_layers=3, full_attention_interval=2, num_experts=16, scan_layers=True)
     assert cfg.block_layout()[1] == 1 and len(cfg.block_layout()[2]) == 1  # one scanned block + a tail layer

@@ -39,7 +39,8 @@ LAYOUTS = {
 }
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("layout", [pytest.param(name, marks=pytest.mark.slow) if name == "fsdp4->2x(tensor2)"
+                                    else name for name in LAYOUTS])  # the first pays the compiles: ~13 s of CPU
 def test_publish_equals_cast_and_device_put_per_replica(layout):
     n_source, source_shape, replica = LAYOUTS[layout]
     devices = jax.devices()
@@ -116,6 +117,7 @@ def test_publish_refuses_sources_it_cannot_send_from():
         publisher(nnx.state(model))
 
 
+@pytest.mark.slow  # ~14 s of CPU
 def test_replicated_engine_publishes_by_collectives():
     """`ReplicatedEngine.update_weights` from a learner mesh takes the collective route and installs exactly the
     plain route's weights (sampling after such a publish: tests/test_rollout_replica_worker.py)."""

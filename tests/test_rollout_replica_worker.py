@@ -38,6 +38,7 @@ def on_learner_mesh(model, devices):
     return shard_params(nnx.clone(model), make_mesh({"fsdp": -1}, devices=devices))
 
 
+@pytest.mark.slow  # ~25 s of CPU (its replicas' programs compile)
 def test_request_swap_keeps_each_request_on_one_version():
     """Two running requests keep version 0 to their last token after a publish; a request submitted after the
     publish waits for them (no admission while weights wait) and runs wholly on version 5."""
@@ -146,6 +147,7 @@ def test_sync_rollouts_sample_over_replicas_and_publish_into_each(model, tokeniz
     assert devices == set(jax.devices()[4:8])
 
 
+@pytest.mark.slow  # ~40 s of CPU once the module's other replica tests are slow
 def test_async_rollouts_hold_one_engine_between_evaluations(model, tokenizer):  # noqa: F811
     """Async mode: once the worker samples, the shared (evaluation) engine's weights and decode state are freed;
     `sync_engine` loads the latest weights for an evaluation, which samples wholly on them, and `evaluated` frees

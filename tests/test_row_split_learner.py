@@ -109,10 +109,9 @@ def _critic_values_nonzero(module):
     return module
 
 
-# ~40 s of CPU each: the fast tier keeps the critic on 2 chips
-@pytest.mark.parametrize("program", [pytest.param("sao_actor", marks=pytest.mark.slow), "sao_critic",
-                                     pytest.param("grpo", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("split", ["split2", pytest.param("split4", marks=pytest.mark.slow)])
+@pytest.mark.slow  # ~35-45 s of CPU each; the fast tier keeps the split advantages below (and the GDN split)
+@pytest.mark.parametrize("program", ["sao_actor", "sao_critic", "grpo"])
+@pytest.mark.parametrize("split", ["split2", "split4"])
 def test_split_rows_step_equals_the_whole_rows_step(program, split):
     batch = _batch()
     make_step, make_module, cfg, trainable = {
